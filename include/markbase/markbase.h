@@ -1,0 +1,77 @@
+// MarkBase public C++ API.
+//
+//   auto engine = markbase::Engine::open({.model_path = "path/to/checkpoint"});
+//   markbase::Request req{.prompt_tokens = {2, 818, 5279}, .max_new_tokens = 32};
+//   markbase::Result r = engine->generate(req);
+//
+// Every failure (bad model files, bad parameters, full context) throws markbase::Error with a
+// message that names the file, tensor or parameter at fault.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace markbase {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+struct SamplingParams {
+  float temperature = 0.f;  // <= 0: greedy
+  int top_k = 0;            // 0: off
+  float top_p = 1.f;        // 1: off
+  float min_p = 0.f;        // 0: off
+  uint64_t seed = 0;
+};
+
+struct EngineOptions {
+  std::string model_path;
+  std::string device = "cpu";  // cpu | cuda
+  std::string dtype = "auto";  // auto (checkpoint's own) | f32 | bf16 | f16
+  int threads = 0;             // 0: all cores
+  int64_t max_context = 0;     // 0: the model's maximum
+};
+
+struct Request {
+  std::vector<int32_t> prompt_tokens;  // used as given: no BOS is added
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  bool stop_at_eos = true;
+  // Called with each new token as it is produced; return false to stop early.
+  std::function<bool(int32_t token)> on_token;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;  // new tokens only
+  std::string finish_reason;    // "length", "stop" (an end-of-sequence token) or "cancelled"
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+struct ModelInfo {
+  std::string path, architecture, model_type, family;
+  int64_t vocab_size = 0, hidden_size = 0, n_layers = 0, max_context = 0;
+  std::string weight_dtype;
+  size_t weight_bytes = 0;
+  std::string details;  // multi-line human-readable description of every layer
+};
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> open(const EngineOptions& opts);
+  virtual ~Engine() = default;
+
+  virtual Result generate(const Request& req) = 0;
+  // Logits [n, vocab] for every prompt position, row-major. chunk = tokens per forward step
+  // (0: the whole prompt at once; 1: one token at a time through the KV cache).
+  virtual std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk = 0) = 0;
+  virtual const ModelInfo& info() const = 0;
+};
+
+}  // namespace markbase

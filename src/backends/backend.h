@@ -1,0 +1,86 @@
+// The contract between model files and compute. Backends implement coarse ops on activations
+// shaped [n_tokens, dim] and know nothing about Gemma; model files compose them and never branch
+// on the backend. Each op has a plain reference implementation in the CPU backend that faster
+// paths (SIMD, CUDA) are tested against.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mb {
+
+// One layer's KV storage for one sequence: rows indexed by slot; a position's slot is
+// `pos % capacity` for a ring (sliding-window layers), else `pos`. Rows hold [n_kv_heads, head_dim].
+struct KVStore {
+  Tensor k, v;  // [capacity, n_kv_heads, head_dim]
+  int64_t capacity = 0;
+  bool ring = false;
+  int64_t slot(int64_t pos) const { return ring ? pos % capacity : pos; }
+};
+
+struct AttentionParams {
+  float scale = 1.f;
+  int window = 0;        // > 0: query at p sees keys (p - window, p]; 0: all keys <= p
+  float softcap = 0.f;   // > 0: scores = softcap * tanh(scores / softcap)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+
+  // Zeroed activation/cache memory owned by the returned tensor.
+  virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
+  // A weight in `dtype`, in whatever layout this backend's kernels want. May alias `src` when
+  // nothing needs to change (then the caller keeps `src`'s storage alive).
+  virtual Tensor prepare_weight(const Tensor& src, DType dtype) = 0;
+  virtual bool supports_weight_dtype(DType dtype) const = 0;
+
+  // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // out[i] = table[ids[i]] * scale, converted to f32.
+  virtual void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) = 0;
+  // Normalises each row of the last dim: y = x * (mean(x²) + eps)^-1/2 * (w or 1), w taken as (1 + w)
+  // when add_one. x and y may alias.
+  virtual void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) = 0;
+  // Half-split ("NeoX") rotary embedding in place. x [n, heads, head_dim]; inv_freq has
+  // head_dim/2 entries (zeros leave their pair untouched); pos[n] absolute positions.
+  virtual void rope(Tensor& x, const int32_t* pos, const float* inv_freq) = 0;
+  // Writes k, v [n, n_kv, hd] at the slots of positions pos[n].
+  virtual void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) = 0;
+  // Causal attention of q [n, n_heads, hd] (positions pos[n]) over every key at positions <= pos
+  // (within the window) already written to kv; grouped heads: head h reads KV head h / (n_heads/n_kv).
+  virtual void attention(const Tensor& q, const KVStore& kv, const int32_t* pos,
+                         const AttentionParams& p, Tensor& out) = 0;
+  // out = gelu_tanh(gate) * up (elementwise; out may alias either input).
+  virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // out = a + b; out = a * b (b broadcast over rows when it has a single row); x *= s.
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void mul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void scale(Tensor& x, float s) = 0;
+  // x = cap * tanh(x / cap)
+  virtual void softcap(Tensor& x, float cap) = 0;
+  // Mixture-of-experts routing: softmax over each row of logits [n, E], keep the top k,
+  // renormalise them to sum 1, multiply by per_expert_scale[e] when given.
+  virtual void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale,
+                          Tensor& weights /*[n,k] f32*/, Tensor& experts /*[n,k] i32*/) = 0;
+  // out[i] = Σ_j weights[i,j] · down[e] · (gelu_tanh(gate_up[e][:I] x_i) * gate_up[e][I:] x_i),
+  // e = experts[i,j]; gate_up [E, 2I, H], down [E, H, I].
+  virtual void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down,
+                                 const Tensor& weights, const Tensor& experts, Tensor& out) = 0;
+  // dst[n, w] = src[:, begin : begin + w]
+  virtual void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) = 0;
+  // dst[i] = src[rows[i]]
+  virtual void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // Copies device data to host memory (no-op copy on the CPU backend).
+  virtual void to_host(const Tensor& src, void* dst) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace mb

@@ -1,0 +1,318 @@
+// CPU backend: f32 activations, f32/bf16/f16 weights read in place from the mmap.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace mb {
+
+namespace {
+
+void check_f32(const Tensor& t, const char* op, const char* what) {
+  MB_CHECK(t.dtype == DType::F32, "{}: {} must be F32, got {}", op, what, dtype_name(t.dtype));
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::CPU; }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return host_tensor(dtype, std::move(shape)); }
+
+  bool supports_weight_dtype(DType d) const override {
+    return d == DType::F32 || d == DType::BF16 || d == DType::F16;
+  }
+
+  Tensor prepare_weight(const Tensor& src, DType dtype) override {
+    MB_CHECK(supports_weight_dtype(src.dtype), "cpu backend: unsupported weight dtype {}", dtype_name(src.dtype));
+    MB_CHECK(supports_weight_dtype(dtype), "cpu backend: unsupported target dtype {}", dtype_name(dtype));
+    if (src.dtype == dtype) return src;
+    Tensor dst = host_tensor(dtype, src.shape);
+    const int64_t n = src.numel();
+    ThreadPool::global().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      std::vector<float> tmp(size_t(e - b));
+      cpu::to_f32(src.dtype, static_cast<const uint8_t*>(src.data) + b * dtype_size(src.dtype), tmp.data(), e - b);
+      for (int64_t i = b; i < e; ++i) {
+        float f = tmp[size_t(i - b)];
+        if (dtype == DType::F32) dst.f32()[i] = f;
+        else if (dtype == DType::BF16) dst.ptr<uint16_t>()[i] = f32_to_bf16(f);
+        else dst.ptr<uint16_t>()[i] = f32_to_f16(f);
+      }
+    });
+    return dst;
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override {
+    check_f32(x, "matmul", "x");
+    check_f32(y, "matmul", "y");
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    MB_CHECK(w.cols() == k && y.numel() == n * m, "matmul: x {} · w {}ᵀ -> y {} do not fit",
+             x.shape_str(), w.shape_str(), y.shape_str());
+    const size_t wrow_bytes = size_t(k) * dtype_size(w.dtype);
+    const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
+    const float* xp = x.f32();
+    float* yp = y.f32();
+    // Parallel over weight rows: each row is converted to f32 once and reused for every token,
+    // so a weight byte is read once per call whatever the batch size.
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, k * std::max<int64_t>(1, n / 4)));
+    ThreadPool::global().parallel_for(m, std::max<int64_t>(grain, 4), [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> row;
+      if (w.dtype != DType::F32) row.resize(size_t(k));
+      for (int64_t r = b; r < e; ++r) {
+        const float* wr;
+        if (w.dtype == DType::F32) {
+          wr = reinterpret_cast<const float*>(wbase + size_t(r) * wrow_bytes);
+        } else {
+          cpu::to_f32(w.dtype, wbase + size_t(r) * wrow_bytes, row.data(), k);
+          wr = row.data();
+        }
+        for (int64_t t = 0; t < n; ++t) yp[t * m + r] = cpu::dot_f32(xp + t * k, wr, k);
+      }
+    });
+  }
+
+  void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
+    check_f32(out, "embed", "out");
+    const int64_t d = table.cols(), vocab = table.rows();
+    MB_CHECK(out.rows() == n && out.cols() == d, "embed: out {} does not fit {} rows of {}", out.shape_str(), n, d);
+    const size_t row_bytes = size_t(d) * dtype_size(table.dtype);
+    for (int64_t i = 0; i < n; ++i) {
+      MB_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} is outside the vocabulary [0, {})", ids[i], vocab);
+      float* o = out.f32() + i * d;
+      cpu::to_f32(table.dtype, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * row_bytes, o, d);
+      for (int64_t j = 0; j < d; ++j) o[j] *= scale;
+    }
+  }
+
+  void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override {
+    check_f32(x, "rms_norm", "x");
+    const int64_t d = x.cols(), rows = x.rows();
+    MB_CHECK(y.numel() == x.numel(), "rms_norm: shapes {} and {} differ", x.shape_str(), y.shape_str());
+    if (w) {
+      check_f32(*w, "rms_norm", "weight");
+      MB_CHECK(w->numel() == d, "rms_norm: weight {} does not match rows of {}", w->shape_str(), d);
+    }
+    const float* wp = w ? w->f32() : nullptr;
+    ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, 8192 / d), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* xr = x.f32() + r * d;
+        float* yr = y.f32() + r * d;
+        float ms = cpu::dot_f32(xr, xr, d) / float(d) + eps;
+        float inv = 1.f / std::sqrt(ms);
+        for (int64_t j = 0; j < d; ++j) {
+          float v = xr[j] * inv;
+          yr[j] = wp ? v * (add_one ? 1.f + wp[j] : wp[j]) : v;
+        }
+      }
+    });
+  }
+
+  void rope(Tensor& x, const int32_t* pos, const float* inv_freq) override {
+    check_f32(x, "rope", "x");
+    MB_CHECK(x.rank() == 3, "rope: expected [n, heads, head_dim], got {}", x.shape_str());
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = hd / 2;
+    ThreadPool::global().parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      for (int64_t t = b; t < e; ++t) {
+        // Angles in f32 exactly as transformers forms them: float(pos) * inv_freq.
+        for (int64_t j = 0; j < half; ++j) {
+          float a = float(pos[t]) * inv_freq[j];
+          cs[size_t(j)] = std::cos(a);
+          sn[size_t(j)] = std::sin(a);
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          float* v = x.f32() + (t * heads + h) * hd;
+          for (int64_t j = 0; j < half; ++j) {
+            if (inv_freq[j] == 0.f) continue;
+            float a = v[j], c = v[j + half];
+            v[j] = a * cs[size_t(j)] - c * sn[size_t(j)];
+            v[j + half] = c * cs[size_t(j)] + a * sn[size_t(j)];
+          }
+        }
+      }
+    });
+  }
+
+  void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override {
+    const int64_t n = k.dim(0), row = k.numel() / std::max<int64_t>(1, n);
+    MB_CHECK(kv.k.numel() == kv.capacity * row && v.numel() == k.numel(),
+             "kv_write: K/V rows of {} do not fit the cache {}", row, kv.k.shape_str());
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t s = kv.slot(pos[t]);
+      MB_CHECK(pos[t] >= 0 && s < kv.capacity, "KV cache full: position {} needs more than {} slots", pos[t],
+               kv.capacity);
+      std::memcpy(kv.k.f32() + s * row, k.f32() + t * row, size_t(row) * 4);
+      std::memcpy(kv.v.f32() + s * row, v.f32() + t * row, size_t(row) * 4);
+    }
+  }
+
+  void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
+                 Tensor& out) override {
+    check_f32(q, "attention", "q");
+    const int64_t n = q.dim(0), nh = q.dim(1), hd = q.dim(2);
+    const int64_t nkv = kv.k.dim(1);
+    MB_CHECK(kv.k.dim(2) == hd && nh % nkv == 0, "attention: q {} and KV {} do not fit", q.shape_str(),
+             kv.k.shape_str());
+    const int64_t group = nh / nkv;
+    ThreadPool::global().parallel_for(n * nh, 1, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;
+      for (int64_t idx = b; idx < e; ++idx) {
+        const int64_t t = idx / nh, h = idx % nh, g = h / group;
+        const int64_t hi = pos[t];
+        const int64_t lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window + 1) : 0;
+        const float* qv = q.f32() + (t * nh + h) * hd;
+        scores.resize(size_t(hi - lo + 1));
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= hi; ++j) {
+          const float* kr = kv.k.f32() + (kv.slot(j) * nkv + g) * hd;
+          float s = cpu::dot_f32(qv, kr, hd) * p.scale;
+          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+          scores[size_t(j - lo)] = s;
+          mx = std::max(mx, s);
+        }
+        float sum = 0;
+        for (auto& s : scores) sum += (s = std::exp(s - mx));
+        const float inv = 1.f / sum;
+        float* o = out.f32() + (t * nh + h) * hd;
+        std::fill(o, o + hd, 0.f);
+        for (int64_t j = lo; j <= hi; ++j)
+          cpu::axpy(scores[size_t(j - lo)] * inv, kv.v.f32() + (kv.slot(j) * nkv + g) * hd, o, hd);
+      }
+    });
+  }
+
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    const int64_t n = gate.numel();
+    MB_CHECK(up.numel() == n && out.numel() == n, "gelu_tanh_mul: sizes differ");
+    ThreadPool::global().parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out.f32()[i] = cpu::gelu_tanh(gate.f32()[i]) * up.f32()[i];
+    });
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    MB_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: sizes differ ({} vs {})", a.shape_str(),
+             b.shape_str());
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) out.f32()[i] = a.f32()[i] + b.f32()[i];
+  }
+
+  void mul(const Tensor& a, const Tensor& b, Tensor& out) override {
+    const int64_t n = a.numel(), bn = b.numel();
+    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0, "mul: sizes {} and {} do not broadcast", a.shape_str(),
+             b.shape_str());
+    for (int64_t i = 0; i < n; ++i) out.f32()[i] = a.f32()[i] * b.f32()[i % bn];
+  }
+
+  void scale(Tensor& x, float s) override {
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) x.f32()[i] *= s;
+  }
+
+  void softcap(Tensor& x, float cap) override {
+    const float inv = 1.f / cap;
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) x.f32()[i] = std::tanh(x.f32()[i] * inv) * cap;
+  }
+
+  void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
+                  Tensor& experts) override {
+    const int64_t n = logits.rows(), E = logits.cols();
+    MB_CHECK(k > 0 && k <= E, "route_topk: k={} for {} experts", k, E);
+    std::vector<float> prob(static_cast<size_t>(E));
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t t = 0; t < n; ++t) {
+      const float* l = logits.f32() + t * E;
+      float mx = *std::max_element(l, l + E), sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (prob[size_t(e)] = std::exp(l[e] - mx));
+      for (auto& v : prob) v /= sum;
+      for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+      // Ties go to the lower expert index, as torch.topk does on CPU and CUDA in practice.
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
+      });
+      float tot = 0;
+      for (int j = 0; j < k; ++j) tot += prob[size_t(order[size_t(j)])];
+      for (int j = 0; j < k; ++j) {
+        int32_t e = order[size_t(j)];
+        float w = prob[size_t(e)] / tot;
+        if (per_expert_scale) w *= per_expert_scale->f32()[e];
+        weights.f32()[t * k + j] = w;
+        experts.ptr<int32_t>()[t * k + j] = e;
+      }
+    }
+  }
+
+  void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& weights,
+                         const Tensor& experts, Tensor& out) override {
+    const int64_t n = x.rows(), H = x.cols(), E = gate_up.dim(0), I2 = gate_up.dim(1), I = I2 / 2;
+    const int64_t k = weights.cols();
+    MB_CHECK(gate_up.rank() == 3 && down.rank() == 3 && gate_up.dim(2) == H && down.dim(0) == E &&
+                 down.dim(1) == H && down.dim(2) == I,
+             "moe: expert tensors {} / {} do not fit hidden size {}", gate_up.shape_str(), down.shape_str(), H);
+    std::fill(out.f32(), out.f32() + out.numel(), 0.f);
+    // Group the tokens routed to each expert so its weights stream once per call.
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t e = experts.ptr<int32_t>()[t * k + j];
+        MB_CHECK(e >= 0 && e < E, "moe: expert index {} out of range", e);
+        routed[size_t(e)].push_back({t, weights.f32()[t * k + j]});
+      }
+    const size_t gu_bytes = size_t(I2 * H) * dtype_size(gate_up.dtype);
+    const size_t dn_bytes = size_t(H * I) * dtype_size(down.dtype);
+    for (int64_t e = 0; e < E; ++e) {
+      auto& toks = routed[size_t(e)];
+      if (toks.empty()) continue;
+      const int64_t m = int64_t(toks.size());
+      Tensor xe = host_tensor(DType::F32, {m, H}), gu = host_tensor(DType::F32, {m, I2});
+      Tensor act = host_tensor(DType::F32, {m, I}), ye = host_tensor(DType::F32, {m, H});
+      for (int64_t i = 0; i < m; ++i) std::memcpy(xe.f32() + i * H, x.f32() + toks[size_t(i)].first * H, size_t(H) * 4);
+      Tensor wgu = gate_up;
+      wgu.shape = {I2, H};
+      wgu.data = static_cast<uint8_t*>(gate_up.data) + size_t(e) * gu_bytes;
+      Tensor wdn = down;
+      wdn.shape = {H, I};
+      wdn.data = static_cast<uint8_t*>(down.data) + size_t(e) * dn_bytes;
+      matmul(xe, wgu, gu);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < I; ++j)
+          act.f32()[i * I + j] = cpu::gelu_tanh(gu.f32()[i * I2 + j]) * gu.f32()[i * I2 + I + j];
+      matmul(act, wdn, ye);
+      for (int64_t i = 0; i < m; ++i)
+        cpu::axpy(toks[size_t(i)].second, ye.f32() + i * H, out.f32() + toks[size_t(i)].first * H, H);
+    }
+  }
+
+  void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override {
+    const int64_t n = src.rows(), c = src.cols(), w = dst.cols();
+    MB_CHECK(dst.rows() == n && begin >= 0 && begin + w <= c, "slice_cols: [{}, {}) of {} into {}", begin,
+             begin + w, src.shape_str(), dst.shape_str());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst.f32() + i * w, src.f32() + i * c + begin, size_t(w) * 4);
+  }
+
+  void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override {
+    const int64_t c = src.cols();
+    MB_CHECK(dst.rows() == n && dst.cols() == c, "gather_rows: {} rows of {} into {}", n, src.shape_str(),
+             dst.shape_str());
+    for (int64_t i = 0; i < n; ++i) {
+      MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_rows: row {} out of range", rows[i]);
+      std::memcpy(dst.f32() + i * c, src.f32() + int64_t(rows[i]) * c, size_t(c) * 4);
+    }
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    MB_CHECK(src.nbytes() == dst.nbytes(), "copy: sizes differ ({} vs {})", src.shape_str(), dst.shape_str());
+    std::memcpy(dst.data, src.data, src.nbytes());
+  }
+
+  void to_host(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace mb

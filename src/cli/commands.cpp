@@ -1,0 +1,159 @@
+#include "cli/commands.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "core/error.h"
+#include "markbase/markbase.h"
+
+namespace mb::cli {
+
+std::vector<int32_t> parse_token_list(const std::string& s) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string item = s.substr(i, j - i);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+    MB_CHECK(!item.empty(), "--tokens: empty entry in '{}'", s);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    MB_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "--tokens: '{}' is not a token id", item);
+    out.push_back(int32_t(v));
+    i = j + 1;
+  }
+  return out;
+}
+
+namespace {
+
+// Options every model-running subcommand shares.
+struct ModelArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype = "auto";
+  int threads = 0;
+
+  void add(CLI::App* cmd, bool runtime_flags) {
+    cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file")->required();
+    if (runtime_flags) {
+      cmd->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+      cmd->add_option("--dtype", dtype, "weight dtype: auto, f32, bf16, q8_0, q4_0")
+          ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8_0", "q4_0"}));
+      cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
+    }
+  }
+  markbase::EngineOptions engine_options() const {
+    markbase::EngineOptions o;
+    o.model_path = model;
+    o.device = device;
+    o.dtype = dtype;
+    o.threads = threads;
+    return o;
+  }
+};
+
+void print_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  std::printf("%s\n", s.c_str());
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "generate text from a prompt");
+  auto args = std::make_shared<ModelArgs>();
+  auto prompt = std::make_shared<std::string>();
+  auto tokens = std::make_shared<std::string>();
+  auto n = std::make_shared<int>(32);
+  auto chat = std::make_shared<bool>(false);
+  auto print_ids_flag = std::make_shared<bool>(false);
+  auto sp = std::make_shared<markbase::SamplingParams>();
+  args->add(cmd, true);
+  auto* p_opt = cmd->add_option("-p,--prompt", *prompt, "prompt text");
+  auto* t_opt = cmd->add_option("--tokens", *tokens, "prompt token ids, comma-separated (used as given)");
+  p_opt->excludes(t_opt);
+  cmd->add_option("-n,--n-predict", *n, "tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--chat", *chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--temperature", sp->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", sp->top_k, "0 = off")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", sp->top_p, "1 = off")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", sp->min_p, "0 = off")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", sp->seed, "sampling seed");
+  cmd->add_flag("--print-ids", *print_ids_flag, "print the new token ids, comma-separated, as the last line");
+  cmd->callback([=] {
+    MB_CHECK(!prompt->empty() || !tokens->empty(), "generate: give a prompt with -p TEXT or --tokens IDS");
+    MB_CHECK(tokens->empty() || !*chat, "generate: --chat needs -p TEXT, not --tokens");
+    MB_CHECK(!args->dtype.starts_with("q"), "--dtype {}: quantized weights are not supported by this build yet",
+             args->dtype);
+    MB_CHECK(prompt->empty(), "generate -p: this build has no tokenizer yet; pass --tokens");
+    auto engine = markbase::Engine::open(args->engine_options());
+    markbase::Request req;
+    req.prompt_tokens = parse_token_list(*tokens);
+    req.max_new_tokens = *n;
+    req.sampling = *sp;
+    req.on_token = [&](int32_t tok) {
+      if (!*print_ids_flag) {
+        std::printf("%d ", tok);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+    markbase::Result r = engine->generate(req);
+    if (!*print_ids_flag) std::printf("\n");
+    std::fprintf(stderr, "prompt %lld tokens in %.3f s | %zu new tokens in %.3f s (%.2f tok/s) | finish: %s\n",
+                 (long long)r.prompt_tokens, r.prefill_seconds, r.tokens.size(), r.decode_seconds,
+                 r.decode_seconds > 0 ? double(r.tokens.size()) / r.decode_seconds : 0.0, r.finish_reason.c_str());
+    if (*print_ids_flag) print_ids(r.tokens);
+  });
+}
+
+void register_logits(CLI::App& app) {
+  auto* cmd = app.add_subcommand("logits", "write prompt logits: float32 little-endian [n_tokens, vocab]");
+  auto args = std::make_shared<ModelArgs>();
+  auto tokens = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto chunk = std::make_shared<int>(0);
+  args->add(cmd, true);
+  cmd->add_option("--tokens", *tokens, "token ids, comma-separated (used as given)")->required();
+  cmd->add_option("-o,--output", *out, "output file")->required();
+  cmd->add_option("--chunk", *chunk, "tokens per forward step (0: one prefill; 1: token by token)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([=] {
+    MB_CHECK(!args->dtype.starts_with("q"), "--dtype {}: quantized weights are not supported by this build yet",
+             args->dtype);
+    auto engine = markbase::Engine::open(args->engine_options());
+    std::vector<float> logits = engine->prompt_logits(parse_token_list(*tokens), *chunk);
+    std::ofstream f(*out, std::ios::binary | std::ios::trunc);
+    MB_CHECK(f.good(), "cannot open {} for writing", *out);
+    f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
+    f.close();
+    MB_CHECK(f.good(), "error writing {}", *out);
+    std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", logits.size() / size_t(engine->info().vocab_size),
+                 (long long)engine->info().vocab_size, out->c_str());
+  });
+}
+
+void register_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "describe a model");
+  auto args = std::make_shared<ModelArgs>();
+  args->add(cmd, false);
+  cmd->callback([=] {
+    auto engine = markbase::Engine::open(args->engine_options());
+    const auto& i = engine->info();
+    std::printf("path:         %s\narchitecture: %s (%s, family %s)\nweights:      %s, %.2f MB\n%s", i.path.c_str(),
+                i.architecture.c_str(), i.model_type.c_str(), i.family.c_str(), i.weight_dtype.c_str(),
+                double(i.weight_bytes) / 1e6, i.details.c_str());
+  });
+}
+
+}  // namespace mb::cli

@@ -1,0 +1,42 @@
+// A Jinja2 interpreter for chat templates: the subset that Hugging Face chat templates use,
+// configured like transformers' ImmutableSandboxedEnvironment (trim_blocks, lstrip_blocks,
+// loopcontrols, `raise_exception`, `strftime_now`, json.dumps-style `tojson`), so that a
+// checkpoint's own template renders byte-for-byte as transformers renders it.
+//
+// Values follow Python semantics (truthiness, ==, str(), repr of lists/dicts, float repr,
+// Undefined that prints as "" but fails on attribute access). Template inputs are JSON;
+// ordered_json keeps dict insertion order, which `tojson` and `.items()` expose.
+//
+// Not supported (rejected with an mb::Error naming the line): extends/block/include/import,
+// call blocks, recursive loops, *args/**kwargs at call sites, and filters/tests outside the
+// list in jinja.cpp. Known approximations: upper/lower/title change ASCII letters only;
+// tuples are lists (so `{{ (1, 2) }}` prints `[1, 2]`); map/select return lists, not generators.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+namespace mb::jinja {
+
+using Json = nlohmann::ordered_json;
+
+class Template {
+ public:
+  // Parses `source`; throws mb::Error "chat template line N: ..." on syntax errors and on
+  // constructs this interpreter does not implement.
+  explicit Template(const std::string& source);
+
+  // `variables` must be a JSON object; each key becomes a template variable (JSON null is
+  // Python None, which differs from a missing key: `x is defined` is true for null).
+  // Throws mb::Error naming the template line on runtime errors and on raise_exception().
+  std::string render(const Json& variables) const;
+
+  struct Program;
+
+ private:
+  std::shared_ptr<const Program> program_;
+};
+
+}  // namespace mb::jinja

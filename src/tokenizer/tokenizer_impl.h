@@ -1,0 +1,335 @@
+// Internal tables of mb::Tokenizer, shared by tokenizer.cpp (build, encode, decode) and
+// tokenizer_hf_json.cpp (tokenizer.json reader). Not part of the public API.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mb::tok_detail {
+
+inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+inline uint64_t hash_bytes(std::string_view s) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (s.size() * 0x100000001b3ULL);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ mix64(w)) * 0x9E3779B97F4A7C15ULL;
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, s.data() + i, s.size() - i);
+  return mix64(h ^ w);
+}
+
+// Open-addressing map from uint64 keys to a 64-bit payload; keys must not be ~0.
+class U64Map {
+ public:
+  static constexpr uint64_t kEmpty = ~0ULL;
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    slots_.assign(cap, Slot{kEmpty, 0});
+    mask_ = cap - 1;
+    size_ = 0;
+  }
+  // Keeps the first value for a key, like a map insert.
+  bool insert(uint64_t key, uint64_t value) {
+    if ((size_ + 1) * 2 > slots_.size()) grow();
+    size_t i = mix64(key) & mask_;
+    while (slots_[i].key != kEmpty) {
+      if (slots_[i].key == key) return false;
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = Slot{key, value};
+    ++size_;
+    return true;
+  }
+  void assign(uint64_t key, uint64_t value) {
+    if (!insert(key, value)) {
+      size_t i = mix64(key) & mask_;
+      while (slots_[i].key != key) i = (i + 1) & mask_;
+      slots_[i].value = value;
+    }
+  }
+  const uint64_t* find(uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    size_t i = mix64(key) & mask_;
+    for (;;) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return &s.value;
+      if (s.key == kEmpty) return nullptr;
+      i = (i + 1) & mask_;
+    }
+  }
+  size_t size() const { return size_; }
+
+ private:
+  struct Slot {
+    uint64_t key;
+    uint64_t value;
+  };
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    reserve(old.empty() ? 8 : old.size());
+    for (const Slot& s : old)
+      if (s.key != kEmpty) insert(s.key, s.value);
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+// String -> id map whose keys live in the caller's piece pool (looked up through `text_of`).
+class PieceMap {
+ public:
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    slots_.assign(cap, Slot{0, -1});
+    mask_ = cap - 1;
+  }
+  template <class TextOf>
+  bool insert(std::string_view key, int32_t id, const TextOf& text_of) {
+    uint64_t h = hash_bytes(key);
+    size_t i = h & mask_;
+    while (slots_[i].id >= 0) {
+      if (slots_[i].hash == h && text_of(slots_[i].id) == key) return false;
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = Slot{h, id};
+    return true;
+  }
+  template <class TextOf>
+  int32_t find(std::string_view key, const TextOf& text_of) const {
+    if (slots_.empty()) return -1;
+    uint64_t h = hash_bytes(key);
+    size_t i = h & mask_;
+    for (;;) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.hash == h && text_of(s.id) == key) return s.id;
+      i = (i + 1) & mask_;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash;
+    int32_t id;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
+// Decodes one code point of valid UTF-8 (the encoder sanitizes its input first).
+inline uint32_t utf8_decode(const unsigned char* p, int* len) {
+  unsigned c = p[0];
+  if (c < 0x80) {
+    *len = 1;
+    return c;
+  }
+  if (c < 0xE0) {
+    *len = 2;
+    return ((c & 0x1F) << 6) | (p[1] & 0x3F);
+  }
+  if (c < 0xF0) {
+    *len = 3;
+    return ((c & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F);
+  }
+  *len = 4;
+  return ((c & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
+}
+
+// Length of the valid UTF-8 character at p (n bytes available): >0 complete, 0 a valid but
+// unfinished prefix, <0 ill-formed; -k means the first k bytes form the maximal ill-formed
+// subpart (Unicode / CPython errors="replace" rule: one U+FFFD each).
+inline int utf8_check(const unsigned char* p, size_t n) {
+  unsigned c = p[0];
+  if (c < 0x80) return 1;
+  int need;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    need = 2;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    need = 3;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return -1;
+  }
+  for (int k = 1; k <= need; ++k) {
+    if (static_cast<size_t>(k) >= n) return 0;
+    unsigned b = p[k];
+    if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return -k;
+  }
+  return need + 1;
+}
+
+inline void utf8_append(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
+
+struct AddedToken {
+  int32_t id = -1;
+  std::string content;
+  bool special = false;
+  bool normalized = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool single_word = false;
+};
+
+// Byte trie over added-token contents, walked for leftmost-longest matches.
+struct AddedTrie {
+  struct Node {
+    uint32_t first_edge = 0;
+    uint32_t n_edges = 0;
+    int32_t token = -1;  // index into Impl::added
+  };
+  struct Edge {
+    uint8_t byte;
+    uint32_t child;
+  };
+  std::vector<Node> nodes;
+  std::vector<Edge> edges;
+  std::array<bool, 256> first_byte{};
+  bool empty() const { return nodes.size() <= 1; }
+  void build(const std::vector<AddedToken>& added, bool normalized_set,
+             const std::vector<std::string>& contents);
+  // Longest token starting at s[0]; returns its length (0: none) and the token index.
+  size_t longest(std::string_view s, int32_t* token) const;
+};
+
+struct NormStep {
+  enum Kind { Replace, Prepend } kind;
+  std::string pattern;  // Replace only
+  std::string content;
+};
+
+enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+
+struct DecodeStrip {
+  std::string content;  // one UTF-8 character
+  int start = 0;
+  int stop = 0;
+};
+
+struct Impl {
+  // Vocabulary: model pieces plus added tokens, by id.
+  std::string pool;
+  std::vector<uint32_t> piece_off;  // size n+1
+  std::vector<uint8_t> flags;       // kValid | kSpecial | kAdded | kByte
+  static constexpr uint8_t kValid = 1, kSpecial = 2, kAdded = 4, kByte = 8;
+  PieceMap model_index;  // model vocabulary only: BPE looks chars and merge parts up here
+  PieceMap added_index;  // added-token contents
+  int32_t n_model = 0;
+
+  // BPE model.
+  std::vector<int32_t> char_id;        // code point -> id of the single-char model piece
+  std::array<int32_t, 256> byte_id{};  // <0xXX> tokens, -1 if absent
+  U64Map merges;                       // (left << 32 | right) -> (rank << 32 | merged id)
+  bool byte_fallback = false;
+  bool fuse_unk = false;
+  bool ignore_merges = false;
+  int32_t unk = -1;
+
+  // Word splitting that provably cannot change the BPE result (see tokenizer.cpp).
+  bool chunking = false;
+  std::vector<uint8_t> cp_flags;  // kEndsLeft | kStartsRight | kCut, by code point
+  static constexpr uint8_t kEndsLeft = 1, kStartsRight = 2, kCut = 4;
+  U64Map cross;  // (last cp of a merge's left << 21 | first cp of its right)
+
+  // Added tokens.
+  std::vector<AddedToken> added;
+  AddedTrie raw_trie;   // normalized == false: matched on the raw text
+  AddedTrie norm_trie;  // normalized == true: matched on the normalized text
+
+  std::vector<NormStep> normalizer;
+  bool has_split = false;
+  std::string split_pattern;
+  SplitBehavior split_behavior = SplitBehavior::Removed;
+
+  // Decoder: per-id text after the per-token steps, then byte fallback, then a final Strip.
+  bool has_decoder = false;
+  bool dec_byte_fallback = false;
+  std::string dec_pool;
+  std::vector<uint32_t> dec_off;
+  std::vector<int16_t> dec_byte;  // byte value of a <0xXX> token after per-token steps, or -1
+  DecodeStrip final_strip;
+
+  int32_t bos = -1, eos = -1, pad = -1;
+  bool post_adds_bos = false;
+
+  std::string_view piece(int32_t id) const {
+    return std::string_view(pool).substr(piece_off[id], piece_off[id + 1] - piece_off[id]);
+  }
+  std::string_view dec_text(int32_t id) const {
+    return std::string_view(dec_pool).substr(dec_off[id], dec_off[id + 1] - dec_off[id]);
+  }
+  int32_t size() const { return static_cast<int32_t>(flags.size()); }
+  bool valid(int32_t id) const { return id >= 0 && id < size() && (flags[id] & kValid); }
+};
+
+// What a tokenizer.json or GGUF reader hands to build(): strings may point into the source
+// buffer, which must outlive the build() call.
+struct DecoderStep {
+  enum Kind { Replace, ByteFallback, Fuse, Strip } kind;
+  std::string pattern, content;
+  int start = 0, stop = 0;
+};
+
+struct BuildSpec {
+  std::vector<std::string_view> vocab;  // model vocabulary by id (holes: empty + !present)
+  std::vector<bool> present;
+  std::vector<std::pair<std::string_view, std::string_view>> merges;  // rank order
+  std::vector<std::pair<int32_t, float>> score_order;  // if merges empty: (id, score)
+  std::vector<AddedToken> added;
+  std::string unk_token;
+  int32_t unk_id = -1;
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  std::vector<NormStep> normalizer;
+  bool has_split = false;
+  std::string split_pattern;
+  SplitBehavior split_behavior = SplitBehavior::Removed;
+  bool has_decoder = false;
+  std::vector<DecoderStep> decoder;
+  int32_t bos = -1, eos = -1, pad = -1;
+  bool post_adds_bos = false;
+};
+
+std::shared_ptr<const Impl> build(BuildSpec spec);
+
+}  // namespace mb::tok_detail

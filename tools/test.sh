@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# README command 2: every test, on a Release build and on an ASan+UBSan build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install_deps.sh
+status=0
+for flavour in release sanitize; do
+  dir=build; [ "$flavour" = sanitize ] && dir=build-sanitize
+  echo "=== $flavour build"
+  tools/build.sh "$flavour"
+  echo "=== $flavour tests"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  ctest --test-dir "$dir" --output-on-failure -j2 || status=1
+done
+exit $status
