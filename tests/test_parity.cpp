@@ -83,37 +83,62 @@ TEST_P(Parity, PromptLogitsDecodePathAndGreedyMatchTransformers) {
   }
 }
 
-TEST_P(Parity, Bf16WeightsStayCloseToF32Reference) {
+TEST_P(Parity, Bf16WeightsMatchExactMathAndStayNearF32Reference) {
+  // --dtype bf16 rounds the weight matrices. Our error is measured against the float64 forward
+  // over the same rounded weights (tools/reference/numpy_forward.py); the distance to the f32
+  // reference is what bf16 weights themselves cost on this fixture, reported as a figure.
   Fixture f = load_fixture(GetParam());
+  auto ref = mbtest::read_json(f.dir + "/reference.json");
   auto engine = open(f, "bf16");
-  float worst = 0;
-  for (const Prompt& p : f.prompts) {
+  float ours_vs_exact = 0, bf16_vs_f32 = 0, exact_vs_f32 = 0;
+  int first_token_agree = 0;
+  for (size_t i = 0; i < f.prompts.size(); ++i) {
+    const Prompt& p = f.prompts[i];
     auto logits = engine->prompt_logits(p.tokens, 0);
     expect_finite(logits);
-    worst = std::max(worst, max_abs_diff(logits, p.logits));
+    auto exact = mbtest::read_f32(f.dir + "/exact_bf16w_" + ref["prompts"][i]["logits_file"].get<std::string>());
+    ours_vs_exact = std::max(ours_vs_exact, max_abs_diff(logits, exact));
+    bf16_vs_f32 = std::max(bf16_vs_f32, max_abs_diff(logits, p.logits));
+    exact_vs_f32 = std::max(exact_vs_f32, max_abs_diff(exact, p.logits));
     markbase::Request req;
     req.prompt_tokens = p.tokens;
     req.max_new_tokens = 1;
     req.stop_at_eos = false;
-    EXPECT_EQ(engine->generate(req).tokens.at(0), p.greedy.at(0));
+    first_token_agree += engine->generate(req).tokens.at(0) == p.greedy.at(0);
   }
-  std::printf("[ figure ] %s --dtype bf16: max |logit - f32 reference| = %.4g\n", f.name.c_str(), worst);
-  EXPECT_LE(worst, 5e-2f);
+  std::printf("[ figure ] %s --dtype bf16: max|ours - exact(bf16 weights)| = %.3g, max|ours - f32 reference| = %.3g "
+              "(exact math with bf16 weights: %.3g), first greedy token agrees on %d/%zu prompts\n",
+              f.name.c_str(), ours_vs_exact, bf16_vs_f32, exact_vs_f32, first_token_agree, f.prompts.size());
+  EXPECT_LE(ours_vs_exact, 1e-4f);
+  // Our bf16 run is no further from the f32 reference than exact math over bf16 weights is.
+  EXPECT_LE(bf16_vs_f32, exact_vs_f32 + 1e-4f);
+  EXPECT_EQ(first_token_agree, int(f.prompts.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                          ::testing::Values("e2b_like", "moe_like", "dense_kv", "unified_like"));
 
-TEST(ParityBf16Checkpoint, MatchesTransformersBf16WithinBf16Noise) {
-  // transformers runs this checkpoint with bf16 activations; we keep f32 activations, so the two
-  // differ by bf16 rounding noise, not by a formula.
+TEST(ParityBf16Checkpoint, MatchesExactMathAndTransformersBf16) {
+  // transformers runs a bf16 checkpoint with bf16 activations, ~0.6 away from exact math here; we
+  // keep f32 activations. So the formulas (bf16-rounded embedding scale included) are checked
+  // against the float64 forward over the same bf16 weights (tools/reference/numpy_forward.py),
+  // and transformers' own bf16 run within its rounding noise, with the same greedy tokens.
   Fixture f = load_fixture("dense_kv_bf16");
   ASSERT_EQ(f.dtype, "bfloat16");
+  auto ref = mbtest::read_json(f.dir + "/reference.json");
   auto engine = open(f, "auto");
-  for (const Prompt& p : f.prompts) {
+  for (size_t i = 0; i < f.prompts.size(); ++i) {
+    const Prompt& p = f.prompts[i];
     auto logits = engine->prompt_logits(p.tokens, 0);
     expect_finite(logits);
-    EXPECT_LE(max_abs_diff(logits, p.logits), 0.25f);
+    auto exact = mbtest::read_f32(f.dir + "/exact_" + ref["prompts"][i]["logits_file"].get<std::string>());
+    EXPECT_LE(max_abs_diff(logits, exact), 1e-4f);
+    EXPECT_LE(max_abs_diff(logits, p.logits), 1.0f);
+    markbase::Request req;
+    req.prompt_tokens = p.tokens;
+    req.max_new_tokens = int(p.greedy.size());
+    req.stop_at_eos = false;
+    EXPECT_EQ(engine->generate(req).tokens, p.greedy);
   }
 }
 

@@ -538,6 +538,11 @@ def main():
     for spec in FIXTURE_SPECS:
         total += build_fixture(spec, cache)
     print(f"total fixture size: {total/1024/1024:.2f} MiB in {FIXTURES}")
+    # Cross-check every fixture with the independent float64 NumPy forward; it also writes the
+    # exact_logits_*.bin references of the bf16 fixtures.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import numpy_forward
+    numpy_forward.main()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "formats/checkpoint.h"
+#include "markbase/markbase.h"
+#include "runtime/kv_cache.h"
+#include "test_util.h"
+
+namespace {
+
+TEST(KVCache, MemoryFollowsWhatTheModelNeeds) {
+  auto ck = mb::open_checkpoint(mbtest::fixture("e2b_like"));
+  const auto& c = ck->config;
+  auto be = mb::make_cpu_backend();
+  const int64_t ctx = 4096, step = 16;
+  mb::KVCache kv(c, *be, {1, ctx, step});
+  size_t expect = 0;
+  int shared = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& L = c.layers[size_t(l)];
+    if (L.kv_source != l) {
+      ++shared;
+      // A shared layer reads its source's store: same object, no memory of its own.
+      EXPECT_EQ(&kv.store(0, l), &kv.store(0, L.kv_source));
+      continue;
+    }
+    const int64_t rows = L.kind == mb::AttnKind::Sliding ? c.sliding_window - 1 + step : ctx;
+    EXPECT_EQ(kv.store(0, l).capacity, rows);
+    expect += size_t(2 * rows * L.n_kv_heads * L.head_dim * 4);
+  }
+  EXPECT_GT(shared, 0);
+  EXPECT_EQ(kv.bytes(), expect);
+}
+
+TEST(Kernels, DotMatchesScalarTwinOnOddSizes) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (int n : {0, 1, 7, 8, 9, 31, 32, 33, 100, 257}) {
+    std::vector<float> a(size_t(n) + 1), b(size_t(n) + 1);
+    for (auto& v : a) v = nd(rng);
+    for (auto& v : b) v = nd(rng);
+    EXPECT_NEAR(mb::cpu::dot_f32(a.data(), b.data(), n), mb::cpu::dot_f32_ref(a.data(), b.data(), n),
+                1e-4 * std::sqrt(double(n) + 1));
+  }
+}
+
+TEST(Kernels, Bf16AndF16ConversionsRoundTrip) {
+  std::vector<float> src = {0.f, 1.f, -2.5f, 3.1415926f, 1e-3f, 65504.f};
+  std::vector<uint16_t> bf(src.size()), hf(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    bf[i] = mb::f32_to_bf16(src[i]);
+    hf[i] = mb::f32_to_f16(src[i]);
+  }
+  std::vector<float> back(src.size());
+  mb::cpu::to_f32(mb::DType::BF16, bf.data(), back.data(), int64_t(src.size()));
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_NEAR(back[i], src[i], std::fabs(src[i]) / 128);
+  mb::cpu::to_f32(mb::DType::F16, hf.data(), back.data(), int64_t(src.size()));
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_NEAR(back[i], src[i], std::fabs(src[i]) / 1024 + 1e-6);
+  EXPECT_EQ(mb::round_to_bf16(std::sqrt(1536.f)), 39.25f);  // E2B's effective embedding scale
+  EXPECT_EQ(mb::round_to_bf16(std::sqrt(2560.f)), 50.5f);   // E4B's
+}
+
+TEST(Kernels, AttentionRespectsWindowAndRing) {
+  // One head, head_dim 2, window 3, ring of 4 rows: queries see exactly their last 3 keys.
+  auto be = mb::make_cpu_backend();
+  mb::KVStore kv;
+  kv.capacity = 4;
+  kv.ring = true;
+  kv.k = be->alloc(mb::DType::F32, {4, 1, 2});
+  kv.v = be->alloc(mb::DType::F32, {4, 1, 2});
+  mb::AttentionParams ap;
+  ap.window = 3;
+  for (int32_t p = 0; p < 10; ++p) {
+    auto k = be->alloc(mb::DType::F32, {1, 1, 2}), v = be->alloc(mb::DType::F32, {1, 1, 2});
+    v.f32()[0] = float(p);  // value = position, keys zero: output = mean of visible positions
+    be->kv_write(kv, k, v, &p);
+    auto q = be->alloc(mb::DType::F32, {1, 1, 2}), o = be->alloc(mb::DType::F32, {1, 1, 2});
+    be->attention(q, kv, &p, ap, o);
+    const int lo = std::max(0, p - 2);
+    EXPECT_NEAR(o.f32()[0], (lo + p) / 2.0, 1e-5) << "position " << p;
+  }
+}
+
+TEST(Engine, SampledGenerationIsReproducibleBySeed) {
+  markbase::EngineOptions o;
+  o.model_path = mbtest::fixture("e2b_like");
+  auto engine = markbase::Engine::open(o);
+  auto run = [&](uint64_t seed) {
+    markbase::Request r;
+    r.prompt_tokens = {2, 10, 20, 30};
+    r.max_new_tokens = 12;
+    r.stop_at_eos = false;
+    r.sampling = {1.0f, 40, 0.95f, 0.f, seed};
+    return engine->generate(r).tokens;
+  };
+  EXPECT_EQ(run(11), run(11));
+  EXPECT_NE(run(11), run(12));
+}
+
+TEST(Engine, StopsAtEosAndHonoursCancellation) {
+  markbase::EngineOptions o;
+  o.model_path = mbtest::fixture("dense_kv");
+  auto engine = markbase::Engine::open(o);
+  markbase::Request r;
+  r.prompt_tokens = {2, 5, 6};
+  r.max_new_tokens = 8;
+  int seen = 0;
+  r.on_token = [&](int32_t) { return ++seen < 3; };
+  auto res = engine->generate(r);
+  EXPECT_EQ(res.tokens.size(), 3u);
+  EXPECT_EQ(res.finish_reason, "cancelled");
+}
+
+TEST(Cli, GenerateAndLogitsMatchReference) {
+  auto ref = mbtest::read_json(mbtest::fixture("e2b_like") + "/reference.json");
+  auto& p = ref["prompts"][1];
+  std::string toks;
+  for (auto& t : p["tokens"]) toks += (toks.empty() ? "" : ",") + std::to_string(t.get<int>());
+  std::string greedy;
+  for (auto& t : p["greedy"]) greedy += (greedy.empty() ? "" : ",") + std::to_string(t.get<int>());
+  auto r = mbtest::run_cli("generate -m " + mbtest::fixture("e2b_like") + " --tokens " + toks + " -n " +
+                           std::to_string(p["greedy"].size()) + " --print-ids --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+  EXPECT_EQ(last, greedy + "\n");
+
+  std::string out = mbtest::temp_dir("cli") + "/logits.bin";
+  r = mbtest::run_cli("logits -m " + mbtest::fixture("e2b_like") + " --tokens " + toks + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto ours = mbtest::read_f32(out);
+  auto theirs = mbtest::read_f32(mbtest::fixture("e2b_like") + "/" + p["logits_file"].get<std::string>());
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) ASSERT_NEAR(ours[i], theirs[i], 1e-4);
+
+  r = mbtest::run_cli("info -m " + mbtest::fixture("e2b_like"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("KV from layer"), std::string::npos) << r.out;
+}
+
+TEST(Cli, TokenListParsing) {
+  EXPECT_EQ(mb::cli::parse_token_list("2,17, 44"), (std::vector<int32_t>{2, 17, 44}));
+  EXPECT_THROW(mb::cli::parse_token_list(""), mb::Error);
+  EXPECT_THROW(mb::cli::parse_token_list("1,,2"), mb::Error);
+  EXPECT_THROW(mb::cli::parse_token_list("1;2"), mb::Error);
+  EXPECT_THROW(mb::cli::parse_token_list("99999999999"), mb::Error);
+}
+
+}  // namespace
