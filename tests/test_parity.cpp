@@ -116,7 +116,7 @@ TEST_P(Parity, Bf16WeightsMatchExactMathAndStayNearF32Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
-                         ::testing::Values("e2b_like", "moe_like", "dense_kv", "unified_like"));
+                         ::testing::Values("e2b_like", "moe_like", "dense_kv", "unified_like", "gemma3_like"));
 
 TEST(ParityBf16Checkpoint, MatchesExactMathAndTransformersBf16) {
   // transformers runs a bf16 checkpoint with bf16 activations, ~0.6 away from exact math here; we

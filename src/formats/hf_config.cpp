@@ -211,6 +211,86 @@ void parse_gemma4_text(const json& tc, bool unified, const std::string& source, 
   }
 }
 
+// Gemma 3 text decoder, as Gemma3TextConfig resolves it: (1 + w) norms, query_pre_attn_scalar,
+// one head dim, legacy rope_theta / rope_local_base_freq / rope_scaling folded into the
+// per-type rope_parameters (scaling applies to full layers only), no forced full last layer.
+void parse_gemma3_text(const json& tc, const std::string& source, ModelConfig& c) {
+  Reader r{tc, source};
+  c.family = "gemma3";
+  c.hidden_size = r.get("hidden_size", 2304);
+  c.n_layers = r.get("num_hidden_layers", 26);
+  c.n_heads = r.get("num_attention_heads", 8);
+  const int n_kv = r.get("num_key_value_heads", 4);
+  const int head_dim = r.get("head_dim", 256);
+  const int intermediate = r.get("intermediate_size", 9216);
+  c.vocab_size = r.get("vocab_size", 262208);
+  c.sliding_window = r.get("sliding_window", 4096);
+  c.max_position = r.get("max_position_embeddings", 131072);
+  c.rms_eps = r.get("rms_norm_eps", 1e-6f);
+  c.final_logit_softcap = r.get("final_logit_softcapping", 0.f);
+  c.attn_logit_softcap = r.get("attn_logit_softcapping", 0.f);
+  c.tie_embeddings = r.get("tie_word_embeddings", true);
+  const float qpas = r.get("query_pre_attn_scalar", 256.f);
+  MB_CHECK(qpas > 0, "{}: query_pre_attn_scalar must be positive", source);
+  c.attn_scale = 1.f / std::sqrt(qpas);
+  c.norm_adds_one = true;
+  c.v_norm = false;
+  c.pad_id = r.get("pad_token_id", 0);
+  c.bos_id = r.get("bos_token_id", 2);
+  if (tc.contains("eos_token_id")) add_eos(c.eos_ids, tc["eos_token_id"]);
+  else c.eos_ids.push_back(1);
+  MB_CHECK(c.hidden_size > 0 && c.n_layers > 0 && c.n_heads > 0 && n_kv > 0 && head_dim > 0 && head_dim % 2 == 0 &&
+               intermediate > 0 && c.vocab_size > 0 && c.sliding_window > 0 && c.n_heads % n_kv == 0,
+           "{}: invalid model dimensions", source);
+  MB_CHECK(!r.get("use_bidirectional_attention", false), "{}: bidirectional attention is not supported", source);
+
+  std::vector<AttnKind> kinds(c.n_layers);
+  if (tc.contains("layer_types") && tc["layer_types"].is_array()) {
+    MB_CHECK(int(tc["layer_types"].size()) == c.n_layers, "{}: layer_types has {} entries for {} layers", source,
+             tc["layer_types"].size(), c.n_layers);
+    for (int i = 0; i < c.n_layers; ++i) {
+      std::string s = tc["layer_types"][i].is_string() ? tc["layer_types"][i].get<std::string>() : "";
+      MB_CHECK(s == "sliding_attention" || s == "full_attention", "{}: unknown layer type at layer {}", source, i);
+      kinds[i] = s == "full_attention" ? AttnKind::Full : AttnKind::Sliding;
+    }
+  } else {
+    const int pattern = r.get("sliding_window_pattern", 6);
+    for (int i = 0; i < c.n_layers; ++i) kinds[i] = (i + 1) % pattern ? AttnKind::Sliding : AttnKind::Full;
+  }
+
+  RopeConfig full{r.get("rope_theta", 1e6f), 1.f, 1.f}, sliding{r.get("rope_local_base_freq", 1e4f), 1.f, 1.f};
+  if (tc.contains("rope_parameters") && tc["rope_parameters"].is_object()) {
+    const json& rp = tc["rope_parameters"];
+    if (rp.contains("full_attention") && rp["full_attention"].is_object()) {
+      json p = rp["full_attention"];
+      if (!p.contains("rope_theta")) p["rope_theta"] = full.theta;
+      full = parse_rope(p, source);
+    }
+    if (rp.contains("sliding_attention") && rp["sliding_attention"].is_object()) {
+      json p = rp["sliding_attention"];
+      if (!p.contains("rope_theta")) p["rope_theta"] = sliding.theta;
+      sliding = parse_rope(p, source);
+    }
+  } else if (tc.contains("rope_scaling") && tc["rope_scaling"].is_object()) {
+    json p = tc["rope_scaling"];
+    if (p.contains("type") && !p.contains("rope_type")) p["rope_type"] = p["type"];
+    p["rope_theta"] = full.theta;
+    full = parse_rope(p, source);
+  }
+
+  c.layers.resize(c.n_layers);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerConfig& L = c.layers[i];
+    L.kind = kinds[i];
+    L.head_dim = head_dim;
+    L.n_kv_heads = n_kv;
+    L.has_v_proj = true;
+    L.kv_source = i;
+    L.ffn_dim = intermediate;
+    L.rope = L.kind == AttnKind::Full ? full : sliding;
+  }
+}
+
 }  // namespace
 
 int ModelConfig::max_head_dim() const {
@@ -249,9 +329,21 @@ ModelConfig parse_hf_config(const json& config, const std::string& source,
     const bool unified = arch.find("Unified") != std::string::npos || model_type == "gemma4_unified_text";
     c.model_type = model_type;
     parse_gemma4_text(config, unified, source, c);
+  } else if (arch == "Gemma3ForConditionalGeneration" || (arch.empty() && model_type == "gemma3")) {
+    MB_CHECK(config.contains("text_config") && config["text_config"].is_object(), "{}: {} config has no text_config",
+             source, arch.empty() ? model_type : arch);
+    const json& tc = config["text_config"];
+    c.model_type = tc.value("model_type", "gemma3_text");
+    parse_gemma3_text(tc, source + " (text_config)", c);
+    if (!config.contains("dtype") && !config.contains("torch_dtype")) c.checkpoint_dtype = parse_torch_dtype(tc);
+    if (config.contains("eos_token_id")) add_eos(c.eos_ids, config["eos_token_id"]);
+  } else if (arch == "Gemma3ForCausalLM" || (arch.empty() && model_type == "gemma3_text")) {
+    c.model_type = model_type.empty() ? "gemma3_text" : model_type;
+    parse_gemma3_text(config, source, c);
   } else {
     fail("{}: unknown architecture '{}' (model_type '{}'); supported: Gemma4ForConditionalGeneration, "
-         "Gemma4ForCausalLM, Gemma4UnifiedForConditionalGeneration, Gemma4UnifiedForCausalLM",
+         "Gemma4ForCausalLM, Gemma4UnifiedForConditionalGeneration, Gemma4UnifiedForCausalLM, "
+         "Gemma3ForConditionalGeneration, Gemma3ForCausalLM",
          source, arch, model_type);
   }
   if (generation_config && generation_config->is_object() && generation_config->contains("eos_token_id"))

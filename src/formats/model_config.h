@@ -48,6 +48,7 @@ struct ModelConfig {
   float attn_logit_softcap = 0.f;   // Gemma 2 style, 0 = none
   float attn_scale = 1.f;           // Gemma 4: 1.0; Gemma 3: query_pre_attn_scalar^-0.5
   bool norm_adds_one = false;       // Gemma 3 RMSNorm multiplies by (1 + w)
+  bool v_norm = true;               // Gemma 4 normalises V (no weight); Gemma 3 does not
   bool tie_embeddings = true;
   int bos_id = 2, eos_id = 1, pad_id = 0;
   std::vector<int> eos_ids;  // every id that ends generation

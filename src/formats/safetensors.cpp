@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace mb {
@@ -75,6 +77,14 @@ void load_safetensors(const std::string& path, TensorRegistry& reg,
              end - begin, dtype_name(e.dtype), numel * dtype_size(e.dtype));
     e.data = base + begin;
     e.nbytes = end - begin;
+    if (reinterpret_cast<uintptr_t>(e.data) % dtype_size(e.dtype) != 0) {
+      // The format does not promise aligned data; kernels read whole elements, so copy the rare
+      // misaligned tensor once instead of making every load unaligned-safe.
+      Tensor copy = host_tensor(e.dtype, e.shape);
+      std::memcpy(copy.data, e.data, e.nbytes);
+      e.data = static_cast<const uint8_t*>(copy.data);
+      e.owner = copy.owner;
+    }
     reg.add(std::move(e));
   }
   reg.add_file(std::move(file));

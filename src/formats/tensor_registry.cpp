@@ -9,6 +9,7 @@ Tensor TensorEntry::view() const {
   t.dtype = dtype;
   t.shape = shape;
   t.data = const_cast<uint8_t*>(data);
+  t.owner = owner;
   return t;
 }
 

@@ -18,6 +18,7 @@ struct TensorEntry {
   const uint8_t* data;
   size_t nbytes;
   std::string file;
+  std::shared_ptr<void> owner;  // set when the bytes had to be copied out of the mapping
 
   Tensor view() const;
 };

@@ -1,5 +1,7 @@
 // Gemma 4 text decoder (E2B, E4B, 26B-A4B, 31B and the 12B unified model's text part), written
-// once against backend ops. Shapes in comments: n = tokens in the batch, H = hidden size,
+// once against backend ops. Gemma 3 is the same block with fewer parts ((1 + w) norms, no V norm,
+// no PLE/MoE/layer scalar, a query_pre_attn_scalar scale), selected by ModelConfig fields rather
+// than a second copy of this file. Shapes in comments: n = tokens in the batch, H = hidden size,
 // nh/nkv = query/KV heads, hd = the layer's head dim, P = per-layer-embedding width, L = layers.
 // Reference: transformers 5.17.0 modeling_gemma4.py; ../shared/docs/gemma4-text.md §2.
 #include <cmath>
@@ -207,7 +209,7 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
     else be_.copy(k, v);  // attention_k_eq_v: V is the raw K projection, normalised without weight
     Tensor k_rows = k.reshaped({n * nkv, hd}), v_rows = v.reshaped({n * nkv, hd});
     be_.rms_norm(k_rows, &w.k_norm, eps, add1, k_rows);
-    be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
+    if (cfg_.v_norm) be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
     be_.rope(k, batch.positions.data(), w.inv_freq.data());
     for (const BatchSequence& s : batch.seqs) {
       Tensor ks = k.slice_rows(s.begin, s.count), vs = v.slice_rows(s.begin, s.count);
@@ -317,7 +319,7 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
 
 }  // namespace
 
-std::unique_ptr<Model> make_gemma4_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
+std::unique_ptr<Model> make_gemma_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                          const ModelLoadOptions& opts) {
   return std::make_unique<Gemma4Model>(std::move(ck), backend, opts);
 }

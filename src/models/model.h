@@ -40,7 +40,7 @@ class Model {
 };
 
 // One factory per architecture file; load_model picks by config.family.
-std::unique_ptr<Model> make_gemma4_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
+std::unique_ptr<Model> make_gemma_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                          const ModelLoadOptions& opts);
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,

@@ -23,6 +23,8 @@ import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     Gemma4Config,
     Gemma4ForCausalLM,
     Gemma4ForConditionalGeneration,
@@ -164,6 +166,37 @@ def unified_like_config():
     return Gemma4UnifiedConfig(text_config=text, vision_config=vision, audio_config=audio)
 
 
+def gemma3_like_config():
+    # Gemma 3 (the 270M's architecture): (1 + w) norms, query_pre_attn_scalar != head_dim,
+    # linear RoPE scaling on full layers only, and a last layer that stays sliding (Gemma 3 does
+    # not force it to full, unlike Gemma 4).
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        layer_types=[S, S, S, S, S, F, S, S],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        max_position_embeddings=32768,
+    )
+
+
 FIXTURE_SPECS = [
     # name, class, config fn, seed, dtype, release-style config keys?, shards
     dict(name="e2b_like", cls=Gemma4ForConditionalGeneration, config=e2b_like_config, seed=1001,
@@ -176,7 +209,12 @@ FIXTURE_SPECS = [
          seed=4004, release_style=True),
     dict(name="dense_kv_bf16", cls=Gemma4ForCausalLM, config=dense_kv_config, seed=3003,
          release_style=True, dtype=torch.bfloat16, weights_from="dense_kv"),
+    dict(name="gemma3_like", cls=Gemma3ForCausalLM, config=gemma3_like_config, seed=5005,
+         release_style=False, norm_shift=True),
 ]
+
+# Gemma 3 norms multiply by (1 + w): draw w so that (1 + w) has the gains used for Gemma 4.
+NORM_SHIFT = 0.0
 
 
 # ----------------------------------------------------------------------------------------
@@ -221,14 +259,14 @@ def draw(name, t, g):
         # gain 0.5: attention uses scaling 1.0, so with q/k norm weights ~1 the scores have
         # std ~sqrt(head_dim) ~ 6 and the random net becomes chaotic (bf16-vs-fp32 logits
         # differ by up to 6). With 0.5 the score std is ~1.4 (sliding) / ~2 (full).
-        return QK_NORM_GAIN * (1.0 + 0.1 * randn(g, shape))
+        return QK_NORM_GAIN * (1.0 + 0.1 * randn(g, shape)) - NORM_SHIFT
     if name in ("model.norm.weight", "model.language_model.norm.weight"):
         # final norm: gain 4 so that logits reach the region where the soft-cap (30) matters
-        return FINAL_NORM_GAIN * (1.0 + 0.1 * randn(g, shape))
+        return FINAL_NORM_GAIN * (1.0 + 0.1 * randn(g, shape)) - NORM_SHIFT
     if leaf in ("gate_up_proj", "down_proj") and parent == "experts":
         return randn(g, shape) / math.sqrt(shape[-1])  # [E, out, in]
     if len(shape) == 1 and ("norm" in parent or "layernorm" in parent or "ln" in parent):
-        return 1.0 + 0.1 * randn(g, shape)
+        return 1.0 + 0.1 * randn(g, shape) - NORM_SHIFT
     if len(shape) == 2:
         return randn(g, shape) / math.sqrt(shape[1])
     if len(shape) >= 3 and "conv" in name:
@@ -272,7 +310,7 @@ def embed_weight(model):
 
 def kv_sharing_info(tc):
     L = tc.num_hidden_layers
-    first_shared = L - (tc.num_kv_shared_layers or 0)
+    first_shared = L - (getattr(tc, "num_kv_shared_layers", 0) or 0)
     prev = tc.layer_types[:first_shared]
     src = {}
     for i in range(first_shared, L):
@@ -397,6 +435,8 @@ def build_fixture(spec, cache):
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
 
+    global NORM_SHIFT
+    NORM_SHIFT = 1.0 if spec.get("norm_shift") else 0.0
     config = spec["config"]()
     cls = spec["cls"]
     torch.manual_seed(spec["seed"])
@@ -513,7 +553,7 @@ def build_fixture(spec, cache):
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
     print(f"== {name}: {cls.__name__} ({tc.model_type}, {dtype_name}), prefix '{prefix}', {size/1024:.0f} KiB")
     print(f"   H={tc.hidden_size} L={tc.num_hidden_layers} nh={tc.num_attention_heads} W={tc.sliding_window} "
-          f"I={tc.intermediate_size} k_eq_v={tc.attention_k_eq_v} "
+          f"I={tc.intermediate_size} k_eq_v={getattr(tc, 'attention_k_eq_v', None)} "
           f"PLE={getattr(tc, 'hidden_size_per_layer_input', None)} moe={getattr(tc, 'enable_moe_block', None)}")
     print("   layers: " + " ".join(
         f"{i}:{'F' if lt == F else 'S'}(hd{tc.per_layer_config[i].head_dim},kv{tc.per_layer_config[i].num_key_value_heads}"
@@ -535,8 +575,14 @@ def main():
     os.makedirs(FIXTURES, exist_ok=True)
     cache = {}
     total = 0
+    only = set(sys.argv[1:])  # optional fixture names; dependencies (weights_from) are built too
+    needed = set(only)
     for spec in FIXTURE_SPECS:
-        total += build_fixture(spec, cache)
+        if spec["name"] in only and "weights_from" in spec:
+            needed.add(spec["weights_from"])
+    for spec in FIXTURE_SPECS:
+        if not only or spec["name"] in needed:
+            total += build_fixture(spec, cache)
     print(f"total fixture size: {total/1024/1024:.2f} MiB in {FIXTURES}")
     # Cross-check every fixture with the independent float64 NumPy forward; it also writes the
     # exact_logits_*.bin references of the bf16 fixtures.

@@ -47,7 +47,7 @@ def layer_geometry(t):
         if plc is not None:
             o = plc.get(str(i), {})
             hd, nkv = o.get("head_dim", hd), o.get("num_key_value_heads", nkv)
-        elif lt == "full_attention":  # release style
+        elif lt == "full_attention" and not t.get("model_type", "").startswith("gemma3"):  # release style
             hd = t.get("global_head_dim", 512)
             if t.get("attention_k_eq_v") and t.get("num_global_key_value_heads") is not None:
                 nkv = t["num_global_key_value_heads"]
@@ -84,6 +84,10 @@ def forward(d, ids, bf16_matrices=False):
         for k, v in W.items():
             if v.ndim >= 2 and "embed_tokens_per_layer" not in k:
                 W[k] = bf16_round(v).astype(np.float64)
+    gemma3 = t.get("model_type", "").startswith("gemma3")
+    if gemma3:  # Gemma 3 RMSNorm multiplies by (1 + w)
+        W = {k: (1.0 + v if v.ndim == 1 and "norm" in k else v) for k, v in W.items()}
+    attn_scale = t["query_pre_attn_scalar"] ** -0.5 if gemma3 else 1.0
     pre = "model.language_model." if any(k.startswith("model.language_model.") for k in W) else "model."
     g = lambda n: W[pre + n]
     bf16 = cfg.get("dtype") == "bfloat16" or bf16_matrices
@@ -121,6 +125,8 @@ def forward(d, ids, bf16_matrices=False):
             f[:ra] = 1.0 / p["rope_theta"] ** (np.arange(0, 2 * ra, 2) / hd)
         else:
             f = 1.0 / p["rope_theta"] ** (np.arange(0, hd, 2) / hd)
+        if p["rope_type"] == "linear":
+            f = f / p["factor"]
         inv[lt] = f
 
     i_idx, j_idx = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -144,13 +150,13 @@ def forward(d, ids, bf16_matrices=False):
             else:
                 vr = (h @ g(lp + "self_attn.v_proj.weight").T).reshape(T, nkv, hd)
             K = rope(rms(kr, g(lp + "self_attn.k_norm.weight"), eps), pos, inv[lt])
-            V = rms(vr, None, eps)
+            V = vr if gemma3 else rms(vr, None, eps)  # Gemma 4's weightless v_norm
             kv[l] = (K, V)
         nkv_src = K.shape[1]
         grp = nh // nkv_src
         o = np.zeros((T, nh, hd))
         for hq in range(nh):
-            s = q[:, hq, :] @ K[:, hq // grp, :].T  # scaling 1.0
+            s = (q[:, hq, :] @ K[:, hq // grp, :].T) * attn_scale
             s = np.where(masks[lt], s, -np.inf)
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
@@ -187,7 +193,8 @@ def forward(d, ids, bf16_matrices=False):
         if P:
             pg = gelu_tanh(x @ g(lp + "per_layer_input_gate.weight").T) * ple[:, l, :]
             x = x + rms(pg @ g(lp + "per_layer_projection.weight").T, g(lp + "post_per_layer_input_norm.weight"), eps)
-        x = x * g(lp + "layer_scalar")[0]
+        if not gemma3:
+            x = x * g(lp + "layer_scalar")[0]
 
     y = rms(x, g("norm.weight"), eps)
     logits = y @ g("embed_tokens.weight").T
