@@ -112,7 +112,7 @@ TEST(Engine, StopsAtEosAndHonoursCancellation) {
   r.prompt_tokens = {2, 5, 6};
   r.max_new_tokens = 8;
   int seen = 0;
-  r.on_token = [&](int32_t) { return ++seen < 3; };
+  r.on_token = [&](int32_t, std::string_view) { return ++seen < 3; };
   auto res = engine->generate(r);
   EXPECT_EQ(res.tokens.size(), 3u);
   EXPECT_EQ(res.finish_reason, "cancelled");
@@ -126,7 +126,7 @@ TEST(Cli, GenerateAndLogitsMatchReference) {
   std::string greedy;
   for (auto& t : p["greedy"]) greedy += (greedy.empty() ? "" : ",") + std::to_string(t.get<int>());
   auto r = mbtest::run_cli("generate -m " + mbtest::fixture("e2b_like") + " --tokens " + toks + " -n " +
-                           std::to_string(p["greedy"].size()) + " --print-ids --threads 2");
+                           std::to_string(p["greedy"].size()) + " --print-ids --ignore-eos --threads 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
   EXPECT_EQ(last, greedy + "\n");

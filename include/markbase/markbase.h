@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace markbase {
@@ -40,15 +41,22 @@ struct EngineOptions {
 
 struct Request {
   std::vector<int32_t> prompt_tokens;  // used as given: no BOS is added
+  std::string prompt;  // used when prompt_tokens is empty: tokenized with BOS, or as a chat turn
+  bool chat = false;   // wrap `prompt` as one user turn in the model's chat template
+  bool enable_thinking = false;
   int max_new_tokens = 16;
   SamplingParams sampling;
-  bool stop_at_eos = true;
-  // Called with each new token as it is produced; return false to stop early.
-  std::function<bool(int32_t token)> on_token;
+  bool stop_at_eos = true;  // stop at the model's end-of-sequence / end-of-turn tokens
+  // Called with each new token and the complete UTF-8 text it finishes (may be empty while a
+  // character is split across byte tokens; empty when the model has no tokenizer). A last call
+  // with token -1 may deliver text still held back at the end. Return false to stop early.
+  std::function<bool(int32_t token, std::string_view text)> on_token;
 };
 
 struct Result {
+  std::vector<int32_t> prompt_ids;  // the prompt as the model saw it
   std::vector<int32_t> tokens;  // new tokens only
+  std::string text;             // the new tokens decoded (stop token excluded)
   std::string finish_reason;    // "length", "stop" (an end-of-sequence token) or "cancelled"
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
@@ -72,6 +80,11 @@ class Engine {
   // (0: the whole prompt at once; 1: one token at a time through the KV cache).
   virtual std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk = 0) = 0;
   virtual const ModelInfo& info() const = 0;
+
+  // Text helpers; throw markbase::Error when the model carries no tokenizer.
+  virtual bool has_tokenizer() const = 0;
+  virtual std::vector<int32_t> tokenize(std::string_view text, bool add_bos) const = 0;
+  virtual std::string detokenize(std::span<const int32_t> ids) const = 0;
 };
 
 }  // namespace markbase

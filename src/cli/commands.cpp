@@ -6,6 +6,9 @@
 
 #include "core/error.h"
 #include "markbase/markbase.h"
+#include "runtime/text.h"
+
+#include <nlohmann/json.hpp>
 
 namespace mb::cli {
 
@@ -61,6 +64,16 @@ struct ModelArgs {
   }
 };
 
+nlohmann::ordered_json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MB_CHECK(in.good(), "cannot open {}", path);
+  try {
+    return nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+}
+
 void print_ids(const std::vector<int32_t>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
@@ -77,6 +90,7 @@ void register_generate(CLI::App& app) {
   auto n = std::make_shared<int>(32);
   auto chat = std::make_shared<bool>(false);
   auto print_ids_flag = std::make_shared<bool>(false);
+  auto ignore_eos = std::make_shared<bool>(false);
   auto sp = std::make_shared<markbase::SamplingParams>();
   args->add(cmd, true);
   auto* p_opt = cmd->add_option("-p,--prompt", *prompt, "prompt text");
@@ -90,26 +104,30 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--min-p", sp->min_p, "0 = off")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", sp->seed, "sampling seed");
   cmd->add_flag("--print-ids", *print_ids_flag, "print the new token ids, comma-separated, as the last line");
+  cmd->add_flag("--ignore-eos", *ignore_eos, "keep generating past end-of-sequence / end-of-turn tokens");
   cmd->callback([=] {
     MB_CHECK(!prompt->empty() || !tokens->empty(), "generate: give a prompt with -p TEXT or --tokens IDS");
     MB_CHECK(tokens->empty() || !*chat, "generate: --chat needs -p TEXT, not --tokens");
     MB_CHECK(!args->dtype.starts_with("q"), "--dtype {}: quantized weights are not supported by this build yet",
              args->dtype);
-    MB_CHECK(prompt->empty(), "generate -p: this build has no tokenizer yet; pass --tokens");
     auto engine = markbase::Engine::open(args->engine_options());
     markbase::Request req;
-    req.prompt_tokens = parse_token_list(*tokens);
+    if (!tokens->empty()) req.prompt_tokens = parse_token_list(*tokens);
+    req.prompt = *prompt;
+    req.chat = *chat;
     req.max_new_tokens = *n;
     req.sampling = *sp;
-    req.on_token = [&](int32_t tok) {
-      if (!*print_ids_flag) {
-        std::printf("%d ", tok);
-        std::fflush(stdout);
-      }
+    req.stop_at_eos = !*ignore_eos;
+    // Text streams as it is produced; a model without a tokenizer prints ids instead.
+    const bool text = engine->has_tokenizer();
+    req.on_token = [&](int32_t tok, std::string_view piece) {
+      if (text) std::fwrite(piece.data(), 1, piece.size(), stdout);
+      else if (tok >= 0) std::printf("%d ", tok);
+      std::fflush(stdout);
       return true;
     };
     markbase::Result r = engine->generate(req);
-    if (!*print_ids_flag) std::printf("\n");
+    std::printf("\n");
     std::fprintf(stderr, "prompt %lld tokens in %.3f s | %zu new tokens in %.3f s (%.2f tok/s) | finish: %s\n",
                  (long long)r.prompt_tokens, r.prefill_seconds, r.tokens.size(), r.decode_seconds,
                  r.decode_seconds > 0 ? double(r.tokens.size()) / r.decode_seconds : 0.0, r.finish_reason.c_str());
@@ -140,6 +158,48 @@ void register_logits(CLI::App& app) {
     MB_CHECK(f.good(), "error writing {}", *out);
     std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", logits.size() / size_t(engine->info().vocab_size),
                  (long long)engine->info().vocab_size, out->c_str());
+  });
+}
+
+void register_tokenize(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tokenize", "print token ids, comma-separated, on one line");
+  struct Args {
+    std::string model, text, messages, tools, tmpl;
+    bool add_generation_prompt = false, enable_thinking = false, bos = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file")->required();
+  auto* text_opt = cmd->add_option("--text", a->text, "text to tokenize");
+  auto* msg_opt = cmd->add_option("--messages", a->messages, "chat messages: a JSON file with a list of {role, content}");
+  text_opt->excludes(msg_opt);
+  cmd->add_option("--tools", a->tools, "tool declarations (OpenAI function schemas), a JSON file")->needs(msg_opt);
+  cmd->add_option("--template", a->tmpl, "chat template file overriding the model's own")->needs(msg_opt);
+  cmd->add_flag("--add-generation-prompt", a->add_generation_prompt, "end with the model turn's opening")->needs(msg_opt);
+  cmd->add_flag("--enable-thinking", a->enable_thinking, "render with thinking enabled")->needs(msg_opt);
+  cmd->add_flag("--bos", a->bos, "start with BOS (chat renderings always start with exactly one)");
+  cmd->callback([a] {
+    MB_CHECK(!a->text.empty() || !a->messages.empty(), "tokenize: give --text TEXT or --messages FILE.json");
+    mb::TextCodec codec = mb::TextCodec::load(a->model);
+    std::vector<int32_t> ids;
+    if (!a->messages.empty()) {
+      if (!a->tmpl.empty()) codec.set_chat_template(mb::ChatTemplate::from_file(a->tmpl));
+      mb::ChatTemplateInputs in;
+      nlohmann::ordered_json msgs = read_json_file(a->messages);
+      if (msgs.is_object() && msgs.contains("messages")) msgs = msgs["messages"];
+      MB_CHECK(msgs.is_array(), "{}: expected a JSON list of messages", a->messages);
+      in.messages = msgs;
+      if (!a->tools.empty()) {
+        in.tools = read_json_file(a->tools);
+        if (in.tools.is_object() && in.tools.contains("tools")) in.tools = in.tools["tools"];
+        MB_CHECK(in.tools.is_array(), "{}: expected a JSON list of tools", a->tools);
+      }
+      in.add_generation_prompt = a->add_generation_prompt;
+      in.enable_thinking = a->enable_thinking;
+      ids = codec.encode_chat(in);
+    } else {
+      ids = codec.encode(a->text, a->bos);
+    }
+    print_ids(ids);
   });
 }
 

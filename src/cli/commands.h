@@ -9,6 +9,8 @@ namespace mb::cli {
 void register_generate(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_info(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_bench(CLI::App& app);
 
 // "2,17,44" -> {2, 17, 44}; throws mb::Error on anything else.
 std::vector<int32_t> parse_token_list(const std::string& s);

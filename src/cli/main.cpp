@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   mb::cli::register_generate(app);
   mb::cli::register_logits(app);
   mb::cli::register_info(app);
+  mb::cli::register_tokenize(app);
+  mb::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

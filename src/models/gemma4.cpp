@@ -43,6 +43,11 @@ class Gemma4Model final : public Model {
 
   const ModelConfig& config() const override { return cfg_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  size_t decode_weight_bytes() const override {
+    if (!cfg_.moe) return weight_bytes_;
+    const double routed = double(cfg_.top_k_experts) / double(cfg_.n_experts);
+    return weight_bytes_ - expert_bytes_ + size_t(double(expert_bytes_) * routed);
+  }
 
   void forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) override;
 
@@ -76,6 +81,7 @@ class Gemma4Model final : public Model {
   Backend& be_;
   ModelLoadOptions opts_;
   size_t weight_bytes_ = 0;
+  size_t expert_bytes_ = 0;
 
   Tensor embed_tokens, final_norm, lm_head;
   float embed_scale = 1.f;
@@ -157,6 +163,7 @@ void Gemma4Model::load_weights() {
       w.per_expert_scale = weight(p + "router.per_expert_scale", {E}, false);
       w.experts_gate_up = weight(p + "experts.gate_up_proj", {E, 2 * I, H}, true);
       w.experts_down = weight(p + "experts.down_proj", {E, H, I}, true);
+      expert_bytes_ += w.experts_gate_up.nbytes() + w.experts_down.nbytes();
       w.pre_ffn_norm_2 = weight(p + "pre_feedforward_layernorm_2.weight", {H}, false);
       w.post_ffn_norm_1 = weight(p + "post_feedforward_layernorm_1.weight", {H}, false);
       w.post_ffn_norm_2 = weight(p + "post_feedforward_layernorm_2.weight", {H}, false);

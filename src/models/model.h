@@ -37,6 +37,9 @@ class Model {
   // Runs the batch, writing its K/V into `kv`; logits [batch.logit_rows.size(), vocab] f32 on the host.
   virtual void forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) = 0;
   virtual size_t weight_bytes() const = 0;
+  // Weight bytes one decode step streams: every matrix once (the tied LM head included), only
+  // the routed share of MoE experts, no embedding-table rows.
+  virtual size_t decode_weight_bytes() const = 0;
 };
 
 // One factory per architecture file; load_model picks by config.family.

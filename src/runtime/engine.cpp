@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "backends/backend.h"
 #include "core/error.h"
@@ -12,6 +13,7 @@
 #include "models/model.h"
 #include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
+#include "runtime/text.h"
 
 namespace markbase {
 
@@ -75,7 +77,26 @@ class LocalEngine final : public Engine {
     info_.weight_dtype = opts.dtype == "auto" ? std::string(mb::dtype_name(c.checkpoint_dtype)) + " (checkpoint)" : opts.dtype;
     info_.weight_bytes = model_->weight_bytes();
     info_.details = describe_config(c);
+    stop_ids_.assign(c.eos_ids.begin(), c.eos_ids.end());
+    try {
+      text_.emplace(mb::TextCodec::load(opts.model_path));
+      stop_ids_ = text_->stop_ids(stop_ids_);
+      MB_CHECK(text_->tokenizer().vocab_size() <= c.vocab_size,
+               "{}: the tokenizer has {} ids but the model only {}", opts.model_path, text_->tokenizer().vocab_size(),
+               c.vocab_size);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("no tokenizer") == std::string::npos) throw;
+      // A checkpoint without a tokenizer still runs from token ids.
+    }
   }
+
+  bool has_tokenizer() const override { return text_.has_value(); }
+
+  std::vector<int32_t> tokenize(std::string_view text, bool add_bos) const override {
+    return codec().encode(text, add_bos);
+  }
+
+  std::string detokenize(std::span<const int32_t> ids) const override { return codec().tokenizer().decode(ids); }
 
   const ModelInfo& info() const override { return info_; }
 
@@ -98,20 +119,24 @@ class LocalEngine final : public Engine {
   }
 
   Result generate(const Request& req) override {
-    MB_CHECK(!req.prompt_tokens.empty(), "empty prompt: give at least one token");
+    Result res;
+    if (!req.prompt_tokens.empty()) res.prompt_ids = req.prompt_tokens;
+    else if (req.chat) res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking);
+    else if (!req.prompt.empty()) res.prompt_ids = codec().encode(req.prompt, /*add_bos=*/true);
+    MB_CHECK(!res.prompt_ids.empty(), "empty prompt: give text or at least one token");
     MB_CHECK(req.max_new_tokens >= 0, "max_new_tokens must be >= 0");
-    check_tokens(req.prompt_tokens);
-    const int64_t n = int64_t(req.prompt_tokens.size());
+    check_tokens(res.prompt_ids);
+    const std::vector<int32_t>& prompt_ids = res.prompt_ids;
+    const int64_t n = int64_t(prompt_ids.size());
     MB_CHECK(n < max_context_, "prompt of {} tokens does not fit the context size {}", n, max_context_);
     const int64_t ctx = std::min<int64_t>(max_context_, n + req.max_new_tokens);
     mb::KVCache kv(model_->config(), *backend_, {1, ctx, kMaxStep});
     mb::Sampler sampler({req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, req.sampling.min_p,
                          req.sampling.seed});
-    Result res;
     res.prompt_tokens = n;
     std::vector<float> logits;
     auto t0 = std::chrono::steady_clock::now();
-    std::span<const int32_t> prompt(req.prompt_tokens);
+    std::span<const int32_t> prompt(prompt_ids);
     for (int64_t b = 0; b < n; b += kMaxStep) {
       const int64_t cnt = std::min<int64_t>(kMaxStep, n - b);
       mb::Batch batch = single_sequence(prompt.subspan(size_t(b), size_t(cnt)), b, false);
@@ -121,16 +146,20 @@ class LocalEngine final : public Engine {
     t0 = std::chrono::steady_clock::now();
     res.finish_reason = "length";
     int64_t pos = n;
-    const auto& eos = model_->config().eos_ids;
+    std::optional<mb::StreamingDecoder> detok;
+    if (text_) detok.emplace(text_->tokenizer());
     for (int i = 0; i < req.max_new_tokens; ++i) {
       check_finite(logits);
       int32_t tok = sampler.sample(logits);
       res.tokens.push_back(tok);
-      if (req.on_token && !req.on_token(tok)) {
+      const bool stop = req.stop_at_eos && std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end();
+      std::string piece = detok && !stop ? detok->push(tok) : std::string();
+      res.text += piece;
+      if (req.on_token && !req.on_token(tok, piece)) {
         res.finish_reason = "cancelled";
         break;
       }
-      if (req.stop_at_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {
+      if (stop) {
         res.finish_reason = "stop";
         break;
       }
@@ -139,6 +168,11 @@ class LocalEngine final : public Engine {
       mb::Batch batch = single_sequence(std::span<const int32_t>(&tok, 1), pos, false);
       model_->forward(batch, kv, logits);
       ++pos;
+    }
+    if (detok) {
+      std::string tail = detok->flush();
+      res.text += tail;
+      if (!tail.empty() && req.on_token) req.on_token(-1, tail);
     }
     res.decode_seconds = seconds_since(t0);
     return res;
@@ -169,7 +203,15 @@ class LocalEngine final : public Engine {
     return b;
   }
 
+  const mb::TextCodec& codec() const {
+    MB_CHECK(text_.has_value(), "{}: this model has no tokenizer (tokenizer.json); pass token ids instead",
+             opts_.model_path);
+    return *text_;
+  }
+
   EngineOptions opts_;
+  std::optional<mb::TextCodec> text_;
+  std::vector<int32_t> stop_ids_;
   std::shared_ptr<mb::Checkpoint> ck_;
   std::unique_ptr<mb::Backend> backend_;
   std::unique_ptr<mb::Model> model_;

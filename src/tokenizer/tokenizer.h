@@ -4,7 +4,9 @@
 // Pipeline, as in HF: added tokens are cut out of the raw text first (leftmost-longest match,
 // honouring special / normalized / lstrip / rstrip / single_word), the remaining text is
 // normalized (Gemma: ' ' -> U+2581), pre-tokenized (Gemma: a Split on ' ' that never fires
-// after that normalization, so a whole segment is one BPE word) and BPE-merged by merge rank.
+// after that normalization, so a whole segment between added tokens, at most a line since
+// "\n" is one, is one BPE word) and BPE-merged by merge rank, lowest first, leftmost on ties.
+// The word is cut only where no merge can cross, which keeps the result exact (tokenizer.cpp).
 //
 // Invalid UTF-8 in the input of encode(): every ill-formed subsequence becomes U+FFFD, exactly
 // as Python's `bytes.decode("utf-8", errors="replace")` does (one U+FFFD per maximal subpart),
@@ -80,7 +82,9 @@ class Tokenizer {
   // of <0xXX> byte tokens that is not valid UTF-8 as a whole becomes one U+FFFD per byte.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
-  std::string_view token_text(int32_t id) const;  // raw vocabulary piece; "" if out of range
+  // Raw vocabulary piece as HF's id_to_token gives it ("▁Hello", "<0x0A>"; a normalized added
+  // token in normalized form); "" if out of range.
+  std::string_view token_text(int32_t id) const;
   int32_t find_token(std::string_view piece) const;  // -1 if absent
   int32_t vocab_size() const;  // one past the largest id (model vocabulary plus added tokens)
   int32_t bos_id() const;
@@ -117,6 +121,7 @@ class StreamingDecoder {
   std::shared_ptr<const tok_detail::Impl> impl_;
   bool skip_special_;
   bool at_start_ = true;
+  int strip_left_ = 0;   // leading characters a final Strip decoder step still removes
   std::string pending_;  // bytes from <0xXX> tokens not yet forming a whole character
 };
 

@@ -40,14 +40,15 @@ class U64Map {
   static constexpr uint64_t kEmpty = ~0ULL;
   void reserve(size_t n) {
     size_t cap = 16;
-    while (cap < n * 2) cap <<= 1;
+    while (cap < n * 3 / 2) cap <<= 1;
     slots_.assign(cap, Slot{kEmpty, 0});
     mask_ = cap - 1;
     size_ = 0;
   }
+  void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[mix64(key) & mask_]); }
   // Keeps the first value for a key, like a map insert.
   bool insert(uint64_t key, uint64_t value) {
-    if ((size_ + 1) * 2 > slots_.size()) grow();
+    if ((size_ + 1) * 3 > slots_.size() * 2) grow();
     size_t i = mix64(key) & mask_;
     while (slots_[i].key != kEmpty) {
       if (slots_[i].key == key) return false;
@@ -83,7 +84,7 @@ class U64Map {
   };
   void grow() {
     std::vector<Slot> old = std::move(slots_);
-    reserve(old.empty() ? 8 : old.size());
+    reserve(old.empty() ? 8 : old.size() * 2);
     for (const Slot& s : old)
       if (s.key != kEmpty) insert(s.key, s.value);
   }
@@ -92,44 +93,53 @@ class U64Map {
   size_t size_ = 0;
 };
 
-// String -> id map whose keys live in the caller's piece pool (looked up through `text_of`).
+// String -> id map whose keys live in a caller-owned pool, addressed by offset so that a slot
+// can be verified with one memory access (loading Gemma's vocabulary is dominated by misses).
 class PieceMap {
  public:
   void reserve(size_t n) {
     size_t cap = 16;
     while (cap < n * 2) cap <<= 1;
-    slots_.assign(cap, Slot{0, -1});
+    slots_.assign(cap, Slot{0, 0, 0, -1});
     mask_ = cap - 1;
   }
-  template <class TextOf>
-  bool insert(std::string_view key, int32_t id, const TextOf& text_of) {
-    uint64_t h = hash_bytes(key);
+  // Keeps the first id for a key; `key` must equal base[off, off + key.size()).
+  bool insert(std::string_view key, uint32_t off, int32_t id, const char* base) {
+    return insert(key, hash_bytes(key), off, id, base);
+  }
+  bool insert(std::string_view key, uint64_t h, uint32_t off, int32_t id, const char* base) {
     size_t i = h & mask_;
     while (slots_[i].id >= 0) {
-      if (slots_[i].hash == h && text_of(slots_[i].id) == key) return false;
+      if (match(slots_[i], h, key, base)) return false;
       i = (i + 1) & mask_;
     }
-    slots_[i] = Slot{h, id};
+    slots_[i] = Slot{h, off, static_cast<uint32_t>(key.size()), id};
     return true;
   }
-  template <class TextOf>
-  int32_t find(std::string_view key, const TextOf& text_of) const {
+  int32_t find(std::string_view key, uint64_t h, const char* base) const {
     if (slots_.empty()) return -1;
-    uint64_t h = hash_bytes(key);
-    size_t i = h & mask_;
-    for (;;) {
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.id < 0) return -1;
-      if (s.hash == h && text_of(s.id) == key) return s.id;
-      i = (i + 1) & mask_;
+      if (match(s, h, key, base)) return s.id;
     }
+  }
+  int32_t find(std::string_view key, const char* base) const { return find(key, hash_bytes(key), base); }
+  // Two-stage prefetch for batched lookups: the slot, then the key bytes it points at.
+  void prefetch_slot(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+  void prefetch_key(uint64_t h, const char* base) const {
+    __builtin_prefetch(base + slots_[h & mask_].off);
   }
 
  private:
   struct Slot {
     uint64_t hash;
+    uint32_t off, len;
     int32_t id;
   };
+  static bool match(const Slot& s, uint64_t h, std::string_view key, const char* base) {
+    return s.hash == h && s.len == key.size() && std::memcmp(base + s.off, key.data(), key.size()) == 0;
+  }
   std::vector<Slot> slots_;
   size_t mask_ = 0;
 };
@@ -200,6 +210,9 @@ inline void utf8_append(std::string& out, uint32_t cp) {
   }
 }
 
+// The `\w` class (Unicode) of HF's single_word check; table in tokenizer_unicode.cpp.
+bool is_word_char(uint32_t cp);
+
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
 struct AddedToken {
@@ -249,11 +262,15 @@ struct DecodeStrip {
 
 struct Impl {
   // Vocabulary: model pieces plus added tokens, by id.
+  // Model strings by id, then the text of added tokens whose id has none or another one.
   std::string pool;
-  std::vector<uint32_t> piece_off;  // size n+1
+  struct Span {
+    uint32_t off, len;
+  };
+  std::vector<Span> pieces;
   std::vector<uint8_t> flags;       // kValid | kSpecial | kAdded | kByte
   static constexpr uint8_t kValid = 1, kSpecial = 2, kAdded = 4, kByte = 8;
-  PieceMap model_index;  // model vocabulary only: BPE looks chars and merge parts up here
+  PieceMap model_index;  // model vocabulary only, as HF's BPE model sees it
   PieceMap added_index;  // added-token contents
   int32_t n_model = 0;
 
@@ -293,9 +310,7 @@ struct Impl {
   int32_t bos = -1, eos = -1, pad = -1;
   bool post_adds_bos = false;
 
-  std::string_view piece(int32_t id) const {
-    return std::string_view(pool).substr(piece_off[id], piece_off[id + 1] - piece_off[id]);
-  }
+  std::string_view piece(int32_t id) const { return {pool.data() + pieces[id].off, pieces[id].len}; }
   std::string_view dec_text(int32_t id) const {
     return std::string_view(dec_pool).substr(dec_off[id], dec_off[id + 1] - dec_off[id]);
   }
@@ -307,7 +322,7 @@ struct Impl {
 // buffer, which must outlive the build() call.
 struct DecoderStep {
   enum Kind { Replace, ByteFallback, Fuse, Strip } kind;
-  std::string pattern, content;
+  std::string pattern{}, content{};
   int start = 0, stop = 0;
 };
 

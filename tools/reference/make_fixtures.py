@@ -200,7 +200,8 @@ def gemma3_like_config():
 FIXTURE_SPECS = [
     # name, class, config fn, seed, dtype, release-style config keys?, shards
     dict(name="e2b_like", cls=Gemma4ForConditionalGeneration, config=e2b_like_config, seed=1001,
-         release_style=True, inject_shared_kv=True),
+         release_style=True, inject_shared_kv=True,
+         tokenizer=("gemma4-tokenizer.json", "gemma-4-31B-it.jinja")),
     dict(name="moe_like", cls=Gemma4ForCausalLM, config=moe_like_config, seed=2002,
          release_style=False, shards=2),
     dict(name="dense_kv", cls=Gemma4ForCausalLM, config=dense_kv_config, seed=3003,
@@ -210,7 +211,7 @@ FIXTURE_SPECS = [
     dict(name="dense_kv_bf16", cls=Gemma4ForCausalLM, config=dense_kv_config, seed=3003,
          release_style=True, dtype=torch.bfloat16, weights_from="dense_kv"),
     dict(name="gemma3_like", cls=Gemma3ForCausalLM, config=gemma3_like_config, seed=5005,
-         release_style=False, norm_shift=True),
+         release_style=False, norm_shift=True, tokenizer=("gemma3-tokenizer.json", "gemma-3-it.jinja")),
 ]
 
 # Gemma 3 norms multiply by (1 + w): draw w so that (1 + w) has the gains used for Gemma 4.
@@ -548,6 +549,9 @@ def build_fixture(spec, cache):
         json.dump(ref_json, f)
         f.write("\n")
 
+    if spec.get("tokenizer"):
+        write_tiny_tokenizer(out_dir, *spec["tokenizer"])
+
     # --- summary --------------------------------------------------------------------------
     first_shared, src = kv_sharing_info(tc)
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
@@ -567,6 +571,58 @@ def build_fixture(spec, cache):
     for n in notes:
         print("   " + n)
     return size
+
+
+SHARED = os.path.join(REPO, "..", "shared", "data")
+
+
+def write_tiny_tokenizer(out_dir, tokenizer_file, template_file):
+    """The fixture's own tokenizer.json + chat_template.jinja, so that -p / --chat run end to end:
+    the real Gemma tokenizer cut to the model's VOCAB ids. Below 512 Gemma keeps its control
+    tokens (<bos> 2, <|turn> 105 / <start_of_turn> 105, ...), all 256 <0xXX> byte tokens and a few
+    merges, so the cut keeps every id meaning what it means in the real model and text falls back
+    to bytes."""
+    with open(os.path.join(SHARED, "tokenizer", tokenizer_file)) as f:
+        j = json.load(f)
+    vocab = {t: i for t, i in j["model"]["vocab"].items() if i < VOCAB}
+    merges = []
+    for m in j["model"]["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        if a in vocab and b in vocab and a + b in vocab:
+            merges.append(m)
+    j["model"]["vocab"] = vocab
+    j["model"]["merges"] = merges
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["id"] < VOCAB]
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+        json.dump(j, f, ensure_ascii=False)
+    shutil.copyfile(os.path.join(SHARED, "chat-templates", template_file),
+                    os.path.join(out_dir, "chat_template.jinja"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>",
+                   "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True}, f, indent=1)
+    tok = transformers.AutoTokenizer.from_pretrained(out_dir)
+    assert len(tok) == VOCAB, len(tok)
+    # Expected ids for the CLI's tokenize / chat path, from transformers itself: the rendered chat
+    # is tokenized without adding special tokens, as apply_chat_template(tokenize=True) does.
+    with open(os.path.join(out_dir, "chat_template.jinja")) as f:
+        tok.chat_template = f.read()
+    texts = ["Hello world", "  two  spaces\nand a newline\n\n", "emoji 😀 and ünïcödé"]
+    convs = [
+        [{"role": "user", "content": "Hi there!"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}],
+    ]
+    cases = {"text": [{"text": t, "ids": tok.encode(t, add_special_tokens=False),
+                       "decoded": tok.decode(tok.encode(t, add_special_tokens=False))} for t in texts], "chat": []}
+    for msgs in convs:
+        for thinking in (False, True):
+            kw = dict(add_generation_prompt=True, enable_thinking=thinking)
+            rendered = tok.apply_chat_template(msgs, tokenize=False, **kw)
+            cases["chat"].append({"messages": msgs, "enable_thinking": thinking, "rendered": rendered,
+                                  "ids": tok.encode(rendered, add_special_tokens=False)})
+    with open(os.path.join(out_dir, "tokenize_cases.json"), "w") as f:
+        json.dump(cases, f, ensure_ascii=False)
+    print(f"   tokenizer: {tokenizer_file} cut to {len(vocab)} ids, {len(merges)} merges; {template_file}")
 
 
 def main():

@@ -71,6 +71,20 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+float sum_f32(const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+  }
+  float tmp[8];
+  _mm256_storeu_ps(tmp, _mm256_add_ps(a0, a1));
+  float s = tmp[0] + tmp[1] + tmp[2] + tmp[3] + tmp[4] + tmp[5] + tmp[6] + tmp[7];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
 float gelu_tanh(float x) {
   // Same formula as torch's gelu(approximate="tanh"), evaluated in f32 like its CPU/CUDA kernels.
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
