@@ -6,6 +6,11 @@
 
 #include "markbase/markbase.h"
 #include "test_util.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <filesystem>
 
 namespace {
 
@@ -95,6 +100,38 @@ TEST(TextIO, ModelsWithoutTokenizerSayWhy) {
   r = mbtest::run_cli("tokenize -m " + mbtest::fixture("dense_kv") + " --text hi");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("no tokenizer.json"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+// Every shared-template rendering, tokenized with the full Gemma tokenizer, gives transformers'
+// apply_chat_template(tokenize=True) ids: exactly one <bos>, then the template's text.
+TEST(TextIO, ChatIdsMatchTransformersOnSharedTemplates) {
+  const std::string shared = mbtest::shared_dir() + "/data/tokenizer/";
+  if (!std::filesystem::exists(shared)) GTEST_SKIP() << "no ../shared";
+  auto g4 = mb::Tokenizer::from_hf_json_file(shared + "gemma4-tokenizer.json");
+  auto g3 = mb::Tokenizer::from_hf_json_file(shared + "gemma3-tokenizer.json");
+  // ordered: a template printing a dict shows its keys in the order the message gave them.
+  std::ifstream in_file(mbtest::fixture("chat/render_cases.json"));
+  auto cases = nlohmann::ordered_json::parse(in_file);
+  int checked = 0;
+  for (auto& c : cases["cases"]) {
+    if (!c.contains("ids")) continue;
+    const auto& tok = c["template"].get<std::string>().starts_with("gemma-4") ? g4 : g3;
+    mb::ChatTemplate t = mb::ChatTemplate::from_file(mbtest::fixture("chat/templates/" + c["template"].get<std::string>()));
+    mb::ChatTemplateInputs in;
+    in.messages = c["messages"];
+    in.tools = c["tools"];
+    in.add_generation_prompt = c["add_generation_prompt"];
+    in.enable_thinking = c["enable_thinking"];
+    auto ids = tok.encode(t.render(in));
+    EXPECT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << c["name"];
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.bos_id()), 1) << c["name"];
+    ++checked;
+  }
+  EXPECT_GT(checked, 50);
 }
 
 }  // namespace

@@ -367,6 +367,10 @@ def render_cases():
                     "eos_token": "<eos>",
                 }
                 case.update(render(tok, source, messages, tools, add_gen, thinking))
+                if "expected" in case:
+                    # apply_chat_template(tokenize=True) tokenizes the rendering without adding
+                    # special tokens: the template's own <bos> is the only one.
+                    case["ids"] = tok.encode(case["expected"], add_special_tokens=False)
                 cases.append(case)
         shutil.copyfile(os.path.join(SHARED, "chat-templates", template), os.path.join(OUT, "templates", template))
     return cases
