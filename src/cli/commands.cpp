@@ -108,8 +108,6 @@ void register_generate(CLI::App& app) {
   cmd->callback([=] {
     MB_CHECK(!prompt->empty() || !tokens->empty(), "generate: give a prompt with -p TEXT or --tokens IDS");
     MB_CHECK(tokens->empty() || !*chat, "generate: --chat needs -p TEXT, not --tokens");
-    MB_CHECK(!args->dtype.starts_with("q"), "--dtype {}: quantized weights are not supported by this build yet",
-             args->dtype);
     auto engine = markbase::Engine::open(args->engine_options());
     markbase::Request req;
     if (!tokens->empty()) req.prompt_tokens = parse_token_list(*tokens);
@@ -147,8 +145,6 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--chunk", *chunk, "tokens per forward step (0: one prefill; 1: token by token)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([=] {
-    MB_CHECK(!args->dtype.starts_with("q"), "--dtype {}: quantized weights are not supported by this build yet",
-             args->dtype);
     auto engine = markbase::Engine::open(args->engine_options());
     std::vector<float> logits = engine->prompt_logits(parse_token_list(*tokens), *chunk);
     std::ofstream f(*out, std::ios::binary | std::ios::trunc);

@@ -1,5 +1,7 @@
-// Element types of weights and activations. Quantized types (later) are block formats: a dtype
-// with a block size and bytes per block, not a separate class hierarchy.
+// Element types of weights and activations. Quantized types are ggml's block formats: a run of
+// `dtype_block_size` elements stored as `dtype_block_bytes` bytes (scales + packed integers), so a
+// row of n elements takes dtype_row_bytes(t, n) bytes. Enumerator values are not file codes; GGUF
+// maps its own type ids (formats/gguf.cpp).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -7,10 +9,19 @@
 
 namespace mb {
 
-enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, BOOL };
+enum class DType : uint8_t {
+  F32, F16, BF16, I32, I64, U8, BOOL,
+  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+};
 
 std::string_view dtype_name(DType t);
-size_t dtype_size(DType t);  // bytes per element
+// Bytes per element of a plain type; throws for block types, whose elements have no byte size.
+size_t dtype_size(DType t);
+bool dtype_is_quantized(DType t);
+int64_t dtype_block_size(DType t);  // elements per block; 1 for plain types
+size_t dtype_block_bytes(DType t);  // bytes per block; dtype_size for plain types
+// Bytes of a row of n elements; throws when n is not a whole number of blocks.
+size_t dtype_row_bytes(DType t, int64_t n);
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

@@ -25,7 +25,11 @@ struct Tensor {
     for (int64_t d : shape) n *= d;
     return n;
   }
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  // Block types store each innermost row as whole blocks.
+  size_t nbytes() const {
+    if (!dtype_is_quantized(dtype)) return size_t(numel()) * dtype_block_bytes(dtype);
+    return cols() ? size_t(numel() / cols()) * dtype_row_bytes(dtype, cols()) : 0;
+  }
   int rank() const { return int(shape.size()); }
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
   int64_t cols() const { return shape.empty() ? 1 : shape.back(); }

@@ -1,82 +1,190 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <exception>
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#include <memory>
+#endif
 
 namespace mb {
 
+namespace {
+
+// How long an idle thread spins before sleeping. Between two regions of a decode step the caller
+// runs a few microseconds of serial work; much longer than that and the spin only burns a core
+// another process could use.
+constexpr auto kSpin = std::chrono::microseconds(60);
+
+thread_local bool tls_in_region = false;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr, nullptr, 0);
+#else
+  word.wait(expected);
+#endif
+}
+
+void futex_wake(std::atomic<uint32_t>& word, int count) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
+#else
+  if (count == 1) word.notify_one();
+  else word.notify_all();
+#endif
+}
+
+// Spins until pred() or kSpin has passed; returns pred().
+template <class P> bool spin_until(P pred) {
+  if (pred()) return true;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      cpu_relax();
+      if (pred()) return true;
+    }
+    if (std::chrono::steady_clock::now() - t0 > kSpin) return pred();
+  }
+}
+
+int default_threads() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  if (n_threads <= 0) n_threads = default_threads();
+  n_threads = std::min(n_threads, int(kActive));
+  // The wake count is read here, not in the thread: a thread that starts late must still see the
+  // regions (or the shutdown) posted before it ran.
+  const uint32_t seen = wake_.load();
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, seen] { worker_loop(seen); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    generation_.fetch_add(1);
-  }
-  cv_.notify_all();
+  stop_.store(true);
+  wake_.fetch_add(1);
+  futex_wake(wake_, INT_MAX);
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::worker_loop(int index) {
-  uint64_t seen = 0;
+void ThreadPool::work_chunks() {
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
-      _mm_pause();
-      gen = generation_.load(std::memory_order_acquire);
-    }
-    if (gen == seen) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return generation_.load() != seen || stop_; });
-      gen = generation_.load();
-    }
-    if (stop_) return;
-    seen = gen;
-    (*job_)(index, size());
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    const int64_t b = next_.fetch_add(step_, std::memory_order_relaxed);
+    if (b >= n_) return;
+    (*fn_)(b, std::min(n_, b + step_));
   }
 }
 
-void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
-  if (workers_.empty()) {
-    fn(0, 1);
-    return;
+void ThreadPool::worker_loop(uint32_t seen) {
+  tls_in_region = true;  // nested regions from inside a chunk run inline
+  for (;;) {
+    if (!spin_until([&] { return wake_.load(std::memory_order_acquire) != seen; })) {
+      sleepers_.fetch_add(1);
+      if (wake_.load() == seen) futex_wait(wake_, seen);
+      sleepers_.fetch_sub(1);
+      continue;
+    }
+    if (stop_.load()) return;
+    seen = wake_.load(std::memory_order_acquire);
+    uint32_t c = ctl_.load(std::memory_order_acquire);
+    bool joined = false;
+    while (c & kOpen)
+      if (ctl_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
+        joined = true;
+        break;
+      }
+    if (!joined) continue;
+    work_chunks();
+    c = ctl_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if ((c & kActive) == 0 && (c & kCallerAsleep)) futex_wake(ctl_, 1);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    pending_.store(int(workers_.size()));
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  cv_.notify_all();
-  fn(0, size());
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) {
+  fn_ = &fn;
+  n_ = n;
+  step_ = step;
+  next_.store(0, std::memory_order_relaxed);
+  ctl_.store(kOpen, std::memory_order_release);
+  wake_.fetch_add(1);
+  if (sleepers_.load() > 0) futex_wake(wake_, INT_MAX);
+  tls_in_region = true;
+  std::exception_ptr error;
+  try {
+    work_chunks();
+  } catch (...) {
+    // Workers may still be inside the region and read its state: stop handing out chunks, wait
+    // for them below, then rethrow.
+    error = std::current_exception();
+    next_.store(n_, std::memory_order_relaxed);
+  }
+  tls_in_region = false;
+  // Close the region: workers that have not joined yet never will. Wait for those inside.
+  const uint32_t c0 = ctl_.fetch_and(~kOpen, std::memory_order_acq_rel) & ~kOpen;
+  if ((c0 & kActive) != 0 && !spin_until([&] { return (ctl_.load(std::memory_order_acquire) & kActive) == 0; })) {
+    for (;;) {
+      uint32_t c = ctl_.load(std::memory_order_acquire);
+      if ((c & kActive) == 0) break;
+      if (!(c & kCallerAsleep) && !ctl_.compare_exchange_weak(c, c | kCallerAsleep, std::memory_order_acq_rel))
+        continue;
+      futex_wait(ctl_, c | kCallerAsleep);
+    }
+    ctl_.store(0, std::memory_order_relaxed);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  int64_t max_chunks = (n + grain - 1) / grain;
-  if (workers_.empty() || max_chunks <= 1) {
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  if (workers_.empty() || max_chunks <= 1 || tls_in_region) {
     fn(0, n);
     return;
   }
-  // Dynamic chunking: uneven per-row costs (attention over growing contexts) balance themselves.
-  int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 4);
-  int64_t step = (n + chunks - 1) / chunks;
-  std::atomic<int64_t> next{0};
-  run_on_all([&](int, int) {
-    for (;;) {
-      int64_t begin = next.fetch_add(step, std::memory_order_relaxed);
-      if (begin >= n) break;
-      fn(begin, std::min(n, begin + step));
-    }
-  });
+  std::unique_lock<std::mutex> lock(submit_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    fn(0, n);
+    return;
+  }
+  // Several chunks per thread: uneven costs (attention over growing contexts) and a thread that
+  // loses its core for a while balance themselves.
+  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 4);
+  run(n, (n + chunks - 1) / chunks, fn);
+}
+
+void ThreadPool::run_on_all(FnRef<void(int, int)> fn) {
+  const int nt = size();
+  if (workers_.empty() || tls_in_region) {
+    for (int i = 0; i < nt; ++i) fn(i, nt);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(submit_);
+  auto each = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(int(i), nt);
+  };
+  run(nt, 1, each);
 }
 
 namespace {

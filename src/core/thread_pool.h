@@ -1,20 +1,40 @@
-// Fork-join pool for data-parallel kernels. Workers spin briefly before sleeping because decode
-// issues hundreds of small parallel regions per token and a futex wake per region costs more than
-// the work in it.
+// Fork-join pool for data-parallel kernels. Decode issues hundreds of parallel regions per token,
+// so a region must cost little: workers spin for a short while after each one (the next region
+// usually follows within microseconds), then sleep on a futex so an oversubscribed machine gets
+// its cores back. Regions too small to be worth a hand-off run on the calling thread, and workers
+// that are late to a region (descheduled, asleep) are not waited for: the caller takes their
+// chunks and only waits for workers that actually started one.
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mb {
 
+// Non-owning reference to a callable; cheaper than std::function (no allocation, no copy).
+template <class Sig> class FnRef;
+template <class R, class... A> class FnRef<R(A...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FnRef> && std::is_invocable_r_v<R, F&, A...>)
+  FnRef(F&& f)  // NOLINT: implicit, like std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...); }) {}
+  R operator()(A... a) const { return call_(obj_, std::forward<A>(a)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, A...);
+};
+
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads = 0);  // 0 = all hardware threads
+  explicit ThreadPool(int n_threads = 0);  // 0 = the CPUs this process may run on
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -22,25 +42,37 @@ class ThreadPool {
   int size() const { return int(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over [0, n) split into chunks of at least `grain` items. The caller's
-  // thread takes part; returns when all chunks are done.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  // thread takes part; returns when all chunks are done. Runs inline when there is a single
+  // chunk, when called from inside a region, or when another thread holds the pool.
+  void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn);
 
-  // Calls fn(thread_index, n_threads) once on each thread.
-  void run_on_all(const std::function<void(int, int)>& fn);
+  // Calls fn(i, size()) once for each i in [0, size()), normally each on its own thread (a late
+  // worker's index is run by whichever thread is free).
+  void run_on_all(FnRef<void(int, int)> fn);
 
   static ThreadPool& global();
   static void set_global_threads(int n);
 
  private:
-  void worker_loop(int index);
+  void worker_loop(uint32_t seen);
+  void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn);
+  void work_chunks();
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const std::function<void(int, int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::mutex submit_;  // one region at a time; a second caller runs inline
+  // The current region. Written by the caller before it opens the region, read by workers only
+  // after they have joined it (so it cannot change under them).
+  const FnRef<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, step_ = 1;
+  alignas(64) std::atomic<int64_t> next_{0};
+  // Futex word the idle workers wait on; bumped once per region.
+  alignas(64) std::atomic<uint32_t> wake_{0};
+  std::atomic<int> sleepers_{0};
+  // kOpen while workers may join the region, kCallerAsleep while the caller sleeps waiting for
+  // them, low bits: workers inside the region.
+  alignas(64) std::atomic<uint32_t> ctl_{0};
   std::atomic<bool> stop_{false};
+  static constexpr uint32_t kOpen = 1u << 31, kCallerAsleep = 1u << 30, kActive = 0xffffu;
 };
 
 }  // namespace mb

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "formats/gguf_model.h"
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
 
@@ -37,9 +38,10 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   fs::path p(path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", path);
   if (!fs::is_directory(p)) {
-    if (p.extension() == ".gguf")
-      fail("{}: GGUF files are not supported by this build yet; use a Hugging Face checkpoint folder",
-           path);
+    if (p.extension() == ".gguf") {
+      ck->gguf = load_gguf_model(path, ck->config, ck->tensors);
+      return ck;
+    }
     fail("{}: expected a checkpoint folder (config.json + *.safetensors) or a .gguf file", path);
   }
   MB_CHECK(fs::exists(p / "config.json"), "{}: no config.json in the checkpoint folder", path);

@@ -9,10 +9,13 @@
 
 namespace mb {
 
+class GgufFile;
+
 struct Checkpoint {
   std::string path;  // folder or file the user named
   ModelConfig config;
   TensorRegistry tensors;
+  std::shared_ptr<const GgufFile> gguf;  // set for .gguf files: the metadata, tokenizer.ggml.* included
 };
 
 struct CheckpointOptions {

@@ -59,7 +59,9 @@ class LocalEngine final : public Engine {
       if (opts.dtype == "f32") mo.weight_dtype = DType::F32;
       else if (opts.dtype == "bf16") mo.weight_dtype = DType::BF16;
       else if (opts.dtype == "f16") mo.weight_dtype = DType::F16;
-      else mb::fail("unsupported --dtype '{}' for this model (supported: auto, f32, bf16, f16)", opts.dtype);
+      else if (opts.dtype == "q8_0") mo.weight_dtype = DType::Q8_0;
+      else if (opts.dtype == "q4_0") mo.weight_dtype = DType::Q4_0;
+      else mb::fail("unsupported --dtype '{}' (supported: auto, f32, bf16, f16, q8_0, q4_0)", opts.dtype);
     }
     mo.max_step = kMaxStep;
     model_ = mb::load_model(ck_, *backend_, mo);

@@ -6,10 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 
 namespace mb {
 
 namespace fs = std::filesystem;
+
+extern const char* const kBuiltinGemma3Template;
+extern const char* const kBuiltinGemma4Template;
 
 TextCodec::TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, std::string family)
     : tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)), family_(std::move(family)) {}
@@ -45,7 +49,40 @@ TextCodec TextCodec::load(const std::string& model_path) {
     }
     return codec;
   }
-  fail("{}: reading the tokenizer from this file type is not supported", model_path);
+  MB_CHECK(p.extension() == ".gguf", "{}: expected a checkpoint folder or a .gguf file", model_path);
+  return from_gguf(*GgufFile::open(model_path));
+}
+
+TextCodec TextCodec::from_gguf(const GgufFile& g) {
+  MB_CHECK(g.find("tokenizer.ggml.tokens") != nullptr, "{}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)",
+           g.path());
+  std::vector<std::string> tokens = g.get("tokenizer.ggml.tokens").strings();
+  std::vector<std::string> merges;
+  if (const GgufValue* m = g.find("tokenizer.ggml.merges")) merges = m->strings();
+  std::vector<int32_t> types;
+  if (const GgufValue* t = g.find("tokenizer.ggml.token_type"))
+    for (int64_t v : t->ints()) types.push_back(int32_t(v));
+  VocabOptions o;
+  if (const GgufValue* sc = g.find("tokenizer.ggml.scores"))
+    for (double v : sc->floats()) o.scores.push_back(float(v));
+  auto id = [&](const char* key, int32_t& out) {
+    if (const GgufValue* v = g.find(key); v && v->is_int()) out = int32_t(v->as_int());
+  };
+  id("tokenizer.ggml.bos_token_id", o.bos_id);
+  id("tokenizer.ggml.eos_token_id", o.eos_id);
+  id("tokenizer.ggml.padding_token_id", o.pad_id);
+  id("tokenizer.ggml.unknown_token_id", o.unk_id);
+  Tokenizer tok = Tokenizer::from_vocab(std::move(tokens), std::move(merges), std::move(types), o);
+  std::optional<ChatTemplate> tmpl;
+  const std::string family = tok.find_token("<|turn>") >= 0 ? "gemma4" : "gemma3";
+  if (const GgufValue* t = g.find("tokenizer.chat_template"); t && t->type == GgufType::STRING)
+    tmpl.emplace(t->as_string());
+  else  // base-model GGUFs carry no template; use the family's instruction-tuned one
+    tmpl.emplace(std::string(family == "gemma4" ? kBuiltinGemma4Template : kBuiltinGemma3Template));
+  TextCodec codec(std::move(tok), std::move(tmpl), family);
+  if (codec.tokenizer_.bos_id() >= 0) codec.bos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.bos_id());
+  if (codec.tokenizer_.eos_id() >= 0) codec.eos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.eos_id());
+  return codec;
 }
 
 std::vector<int32_t> TextCodec::encode(std::string_view text, bool add_bos) const {

@@ -10,10 +10,13 @@
 
 namespace mb {
 
+class GgufFile;
+
 class TextCodec {
  public:
   // Throws mb::Error when the model carries no tokenizer.
   static TextCodec load(const std::string& model_path);
+  static TextCodec from_gguf(const GgufFile& gguf);
   TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, std::string family);
 
   const Tokenizer& tokenizer() const { return tokenizer_; }

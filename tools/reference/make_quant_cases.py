@@ -2,16 +2,22 @@
 """Reference data for the quantization and GGUF tests, computed by llama.cpp's own Python
 package (`pip install gguf numpy`), independent of MarkBase's C++.
 
-  python3 tools/reference/make_quant_cases.py             # rewrite tests/fixtures/{quant,gguf}/
-  python3 tools/reference/make_quant_cases.py --check F   # check a GGUF written by MarkBase
+  python3 tools/reference/make_quant_cases.py --ggml-src DIR  # rewrite tests/fixtures/{quant,gguf}/
+  python3 tools/reference/make_quant_cases.py --check F        # check a GGUF written by MarkBase
+
+DIR is a ggml source tree (the directory holding include/ and src/ggml-quants.c, e.g.
+llama.cpp/ggml or llama-cpp-python's sdist vendor/llama.cpp/ggml; the committed fixtures used
+llama-cpp-python 0.3.36). gguf-py cannot quantize K types, so their quantized cases come from
+ggml's own C reference quantizers (quantize_row_q{4,5,6}_K_ref), compiled with gcc
+-ffp-contract=off; without --ggml-src the K types get dequantization cases only.
 
 Outputs (deterministic, < 1 MB):
   tests/fixtures/quant/cases.json + cases.bin
       Per case: block type, row length n, row count, and byte offsets into cases.bin of the f32
       input (-1 when there is none), the quantized rows and the dequantized f32 rows.
-      Types gguf-py can quantize (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): input -> gguf.quants.quantize ->
-      gguf.quants.dequantize. K types (gguf-py only dequantizes them): seeded random blocks with
-      finite f16 scales -> gguf.quants.dequantize.
+      Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: input -> gguf.quants.quantize -> gguf.quants.dequantize.
+      Q4_K, Q5_K, Q6_K: input -> ggml quantize_row_*_ref -> gguf.quants.dequantize, plus seeded
+      random blocks (finite f16 scales) -> gguf.quants.dequantize.
   tests/fixtures/gguf/all_types.gguf + all_types.json
       A GGUF from gguf.GGUFWriter with every metadata value type (nested arrays included) and
       one tensor of every type MarkBase reads; the JSON is what gguf.GGUFReader reads back.
@@ -23,7 +29,9 @@ Outputs (deterministic, < 1 MB):
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -43,29 +51,65 @@ KQUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
 K_SCALE_OFFSETS = {T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
 
 
-def simple_inputs(qt, rng):
-    """(name, f32 array [rows, n]) edge cases and random rows for a 32-element block type."""
+def inputs(block, rng):
+    """(name, f32 array [rows, n]) edge cases and random rows; n a multiple of `block`."""
     normal = lambda r, n, s=1.0: (rng.standard_normal((r, n)) * s).astype(np.float32)
-    outlier = normal(1, 64)
+    outlier = normal(1, 2 * block)
     outlier[0, 37] = 100.0
     # amax 127 makes the Q8_0 scale exactly 1, so x * id hits the .5 ties of roundf.
-    ties = np.array([[127.0] + [k + 0.5 for k in range(-15, 16)]], dtype=np.float32)
-    cases = [
-        ("zeros", np.zeros((1, 32), np.float32)),
-        ("constant", np.full((1, 32), 0.75, np.float32)),
+    ties = np.tile(np.array([127.0] + [k + 0.5 for k in range(-15, 16)], np.float32), block // 32)[None]
+    return [
+        ("zeros", np.zeros((1, block), np.float32)),
+        ("constant", np.full((1, block), 0.75, np.float32)),
         ("ties", ties),
-        ("tiny", normal(1, 64, 1e-20)),
-        ("huge", normal(1, 64, 3e4)),
-        ("f16_overflow", normal(1, 32, 2e7)),  # the f16 scale overflows to inf
+        ("tiny", normal(1, 2 * block, 1e-20)),
+        ("huge", normal(1, 2 * block, 3e4)),
+        ("f16_overflow", normal(1, block, 2e7)),  # the f16 scale overflows to inf
         ("outlier", outlier),
-        ("negative_only", -np.abs(normal(1, 64)) - 0.01),
-        ("positive_only", np.abs(normal(1, 64)) + 0.5),
-        ("uniform", rng.uniform(-3, 3, (2, 96)).astype(np.float32)),
-        ("one_block", normal(1, 32)),
-        ("rows", normal(4, 256)),
-        ("long_row", normal(1, 1024, 0.02)),
+        ("negative_only", -np.abs(normal(1, 2 * block)) - 0.01),
+        ("positive_only", np.abs(normal(1, 2 * block)) + 0.5),
+        ("uniform", rng.uniform(-3, 3, (2, 3 * block)).astype(np.float32)),
+        ("one_block", normal(1, block)),
+        ("rows", normal(4, 8 * 32 if block == 32 else 2 * block)),
+        ("long_row", normal(1, 1024 if block == 32 else 2048, 0.02)),
     ]
-    return cases
+
+
+HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ggml-quants.h"
+void ggml_abort(const char* f, int l, const char* fmt, ...) { fprintf(stderr, "abort %s:%d\n", f, l); abort(); }
+size_t ggml_row_size(enum ggml_type t, int64_t n) { return 0; }
+const char* ggml_type_name(enum ggml_type t) { return "?"; }
+size_t ggml_type_size(enum ggml_type t) { return 0; }
+int main(int argc, char** argv) {  /* harness TYPE N < f32 > blocks */
+  long long n = atoll(argv[2]);
+  float* x = malloc(n * 4);
+  char* y = malloc(n * 2);
+  size_t bytes = 0;
+  if (fread(x, 4, n, stdin) != (size_t)n) return 2;
+  if (!strcmp(argv[1], "Q4_K")) { quantize_row_q4_K_ref(x, (void*)y, n); bytes = n / 256 * 144; }
+  if (!strcmp(argv[1], "Q5_K")) { quantize_row_q5_K_ref(x, (void*)y, n); bytes = n / 256 * 176; }
+  if (!strcmp(argv[1], "Q6_K")) { quantize_row_q6_K_ref(x, (void*)y, n); bytes = n / 256 * 210; }
+  fwrite(y, 1, bytes, stdout);
+  return bytes ? 0 : 3;
+}
+"""
+
+
+def build_ggml_harness(ggml_src, workdir):
+    src = os.path.join(workdir, "harness.c")
+    with open(src, "w") as f:
+        f.write(HARNESS)
+    exe = os.path.join(workdir, "harness")
+    inc = [f"-I{ggml_src}/include", f"-I{ggml_src}/src", f"-I{ggml_src}/src/ggml-cpu"]
+    subprocess.run(["gcc", "-O2", "-DNDEBUG", "-ffp-contract=off", *inc, src,
+                    os.path.join(ggml_src, "src", "ggml-quants.c"), "-lm", "-o", exe], check=True)
+    return lambda qt, rows: b"".join(
+        subprocess.run([exe, qt.name, str(row.size)], input=row.tobytes(), capture_output=True, check=True).stdout
+        for row in rows)
 
 
 def k_blocks(qt, rng, n_blocks, fill=None):
@@ -103,11 +147,11 @@ class Blob:
         return off
 
 
-def make_quant_cases():
+def make_quant_cases(ggml_quantize):
     rng = np.random.default_rng(20261129)
     blob, cases = Blob(), []
     for qt in SIMPLE:
-        for name, x in simple_inputs(qt, rng):
+        for name, x in inputs(32, rng):
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 q = gguf.quants.quantize(x, qt)
@@ -115,8 +159,14 @@ def make_quant_cases():
             cases.append({"type": qt.name, "name": name, "rows": int(x.shape[0]), "n": int(x.shape[1]),
                           "input": blob.add(x), "quantized": blob.add(q), "dequantized": blob.add(y)})
     for qt in KQUANTS:
-        block_size, _ = gguf.GGML_QUANT_SIZES[qt]
+        for name, x in (inputs(256, rng) if ggml_quantize else []):
+            q = np.frombuffer(ggml_quantize(qt, x), np.uint8).reshape(x.shape[0], -1)
+            with np.errstate(all="ignore"):
+                y = gguf.quants.dequantize(q, qt).astype(np.float32)
+            cases.append({"type": qt.name, "name": name, "rows": int(x.shape[0]), "n": int(x.shape[1]),
+                          "input": blob.add(x), "quantized": blob.add(q), "dequantized": blob.add(y)})
         for name, raw, rows in k_inputs(qt, rng):
+            name = "blocks_" + name
             q = raw.reshape(rows, -1)
             with np.errstate(all="ignore"):
                 y = gguf.quants.dequantize(q, qt).astype(np.float32)
@@ -129,7 +179,9 @@ def make_quant_cases():
         for p in blob.parts:
             f.write(p)
     with open(os.path.join(QUANT_DIR, "cases.json"), "w") as f:
-        json.dump({"gguf_version": gguf_version(), "numpy": np.__version__, "cases": cases}, f, indent=1)
+        json.dump({"gguf_version": gguf_version(), "numpy": np.__version__,
+                   "k_quantize_reference": "ggml quantize_row_*_ref" if ggml_quantize else None,
+                   "cases": cases}, f, indent=1)
     print(f"{len(cases)} quant cases, {blob.size} bytes")
 
 
@@ -322,10 +374,15 @@ def check(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", metavar="GGUF", help="verify a GGUF written by MarkBase against all_types.json")
+    ap.add_argument("--ggml-src", metavar="DIR", help="ggml source tree for the K-type reference quantizers")
     args = ap.parse_args()
     if args.check:
         sys.exit(0 if check(args.check) else 1)
-    make_quant_cases()
+    with tempfile.TemporaryDirectory() as tmp:
+        ggml_quantize = build_ggml_harness(args.ggml_src, tmp) if args.ggml_src else None
+        if not ggml_quantize:
+            print("no --ggml-src: K types get dequantization cases only")
+        make_quant_cases(ggml_quantize)
     make_gguf_fixture()
 
 

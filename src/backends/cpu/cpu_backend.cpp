@@ -8,6 +8,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "core/quant.h"
 #include "core/thread_pool.h"
 
 namespace mb {
@@ -26,13 +27,14 @@ class CpuBackend final : public Backend {
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return host_tensor(dtype, std::move(shape)); }
 
   bool supports_weight_dtype(DType d) const override {
-    return d == DType::F32 || d == DType::BF16 || d == DType::F16;
+    return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
   }
 
   Tensor prepare_weight(const Tensor& src, DType dtype) override {
     MB_CHECK(supports_weight_dtype(src.dtype), "cpu backend: unsupported weight dtype {}", dtype_name(src.dtype));
     MB_CHECK(supports_weight_dtype(dtype), "cpu backend: unsupported target dtype {}", dtype_name(dtype));
     if (src.dtype == dtype) return src;
+    if (dtype_is_quantized(src.dtype) || dtype_is_quantized(dtype)) return convert_rows(src, dtype);
     Tensor dst = host_tensor(dtype, src.shape);
     const int64_t n = src.numel();
     ThreadPool::global().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
@@ -54,38 +56,22 @@ class CpuBackend final : public Backend {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     MB_CHECK(w.cols() == k && y.numel() == n * m, "matmul: x {} · w {}ᵀ -> y {} do not fit",
              x.shape_str(), w.shape_str(), y.shape_str());
-    const size_t wrow_bytes = size_t(k) * dtype_size(w.dtype);
-    const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
-    const float* xp = x.f32();
-    float* yp = y.f32();
-    // Parallel over weight rows: each row is converted to f32 once and reused for every token,
-    // so a weight byte is read once per call whatever the batch size.
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, k * std::max<int64_t>(1, n / 4)));
-    ThreadPool::global().parallel_for(m, std::max<int64_t>(grain, 4), [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> row;
-      if (w.dtype != DType::F32) row.resize(size_t(k));
-      for (int64_t r = b; r < e; ++r) {
-        const float* wr;
-        if (w.dtype == DType::F32) {
-          wr = reinterpret_cast<const float*>(wbase + size_t(r) * wrow_bytes);
-        } else {
-          cpu::to_f32(w.dtype, wbase + size_t(r) * wrow_bytes, row.data(), k);
-          wr = row.data();
-        }
-        for (int64_t t = 0; t < n; ++t) yp[t * m + r] = cpu::dot_f32(xp + t * k, wr, k);
-      }
-    });
+    if (dtype_is_quantized(w.dtype)) return matmul_quantized(x, w, y);
+    MB_CHECK(cpu::is_kernel_weight_dtype(w.dtype), "matmul: unsupported weight dtype {}", dtype_name(w.dtype));
+    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m);
   }
 
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
     check_f32(out, "embed", "out");
     const int64_t d = table.cols(), vocab = table.rows();
     MB_CHECK(out.rows() == n && out.cols() == d, "embed: out {} does not fit {} rows of {}", out.shape_str(), n, d);
-    const size_t row_bytes = size_t(d) * dtype_size(table.dtype);
+    const size_t row_bytes = dtype_row_bytes(table.dtype, d);
     for (int64_t i = 0; i < n; ++i) {
       MB_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} is outside the vocabulary [0, {})", ids[i], vocab);
       float* o = out.f32() + i * d;
-      cpu::to_f32(table.dtype, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * row_bytes, o, d);
+      const uint8_t* row = static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * row_bytes;
+      if (dtype_is_quantized(table.dtype)) dequantize_row(table.dtype, row, o, d);
+      else cpu::to_f32(table.dtype, row, o, d);
       for (int64_t j = 0; j < d; ++j) o[j] *= scale;
     }
   }
@@ -117,7 +103,7 @@ class CpuBackend final : public Backend {
     check_f32(x, "rope", "x");
     MB_CHECK(x.rank() == 3, "rope: expected [n, heads, head_dim], got {}", x.shape_str());
     const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = hd / 2;
-    ThreadPool::global().parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
       std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
       for (int64_t t = b; t < e; ++t) {
         // Angles in f32 exactly as transformers forms them: float(pos) * inv_freq.
@@ -159,40 +145,17 @@ class CpuBackend final : public Backend {
     const int64_t nkv = kv.k.dim(1);
     MB_CHECK(kv.k.dim(2) == hd && nh % nkv == 0, "attention: q {} and KV {} do not fit", q.shape_str(),
              kv.k.shape_str());
-    const int64_t group = nh / nkv;
-    ThreadPool::global().parallel_for(n * nh, 1, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> scores;
-      for (int64_t idx = b; idx < e; ++idx) {
-        const int64_t t = idx / nh, h = idx % nh, g = h / group;
-        const int64_t hi = pos[t];
-        const int64_t lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window + 1) : 0;
-        const float* qv = q.f32() + (t * nh + h) * hd;
-        scores.resize(size_t(hi - lo + 1));
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = lo; j <= hi; ++j) {
-          const float* kr = kv.k.f32() + (kv.slot(j) * nkv + g) * hd;
-          float s = cpu::dot_f32(qv, kr, hd) * p.scale;
-          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
-          scores[size_t(j - lo)] = s;
-          mx = std::max(mx, s);
-        }
-        float sum = 0;
-        for (auto& s : scores) sum += (s = std::exp(s - mx));
-        const float inv = 1.f / sum;
-        float* o = out.f32() + (t * nh + h) * hd;
-        std::fill(o, o + hd, 0.f);
-        for (int64_t j = lo; j <= hi; ++j)
-          cpu::axpy(scores[size_t(j - lo)] * inv, kv.v.f32() + (kv.slot(j) * nkv + g) * hd, o, hd);
-      }
-    });
+    MB_CHECK(out.numel() == q.numel() && kv.capacity > 0, "attention: out {} does not fit q {}", out.shape_str(),
+             q.shape_str());
+    cpu::AttnArgs a{q.f32(), out.f32(), kv.k.f32(), kv.v.f32(), pos, n, nh, nkv, hd, kv.capacity, kv.ring,
+                    p.window, p.scale, p.softcap};
+    cpu::attention(a);
   }
 
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     const int64_t n = gate.numel();
     MB_CHECK(up.numel() == n && out.numel() == n, "gelu_tanh_mul: sizes differ");
-    ThreadPool::global().parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) out.f32()[i] = cpu::gelu_tanh(gate.f32()[i]) * up.f32()[i];
-    });
+    cpu::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n);
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
@@ -261,8 +224,8 @@ class CpuBackend final : public Backend {
         MB_CHECK(e >= 0 && e < E, "moe: expert index {} out of range", e);
         routed[size_t(e)].push_back({t, weights.f32()[t * k + j]});
       }
-    const size_t gu_bytes = size_t(I2 * H) * dtype_size(gate_up.dtype);
-    const size_t dn_bytes = size_t(H * I) * dtype_size(down.dtype);
+    const size_t gu_bytes = size_t(I2) * dtype_row_bytes(gate_up.dtype, H);
+    const size_t dn_bytes = size_t(H) * dtype_row_bytes(down.dtype, I);
     for (int64_t e = 0; e < E; ++e) {
       auto& toks = routed[size_t(e)];
       if (toks.empty()) continue;
@@ -278,8 +241,7 @@ class CpuBackend final : public Backend {
       wdn.data = static_cast<uint8_t*>(down.data) + size_t(e) * dn_bytes;
       matmul(xe, wgu, gu);
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < I; ++j)
-          act.f32()[i * I + j] = cpu::gelu_tanh(gu.f32()[i * I2 + j]) * gu.f32()[i * I2 + I + j];
+        cpu::kernels().gelu_tanh_mul(gu.f32() + i * I2, gu.f32() + i * I2 + I, act.f32() + i * I, I);
       matmul(act, wdn, ye);
       for (int64_t i = 0; i < m; ++i)
         cpu::axpy(toks[size_t(i)].second, ye.f32() + i * H, out.f32() + toks[size_t(i)].first * H, H);
@@ -306,6 +268,60 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override {
     MB_CHECK(src.nbytes() == dst.nbytes(), "copy: sizes differ ({} vs {})", src.shape_str(), dst.shape_str());
     std::memcpy(dst.data, src.data, src.nbytes());
+  }
+
+  // Block-quantized weights (GGUF files, --dtype q8_0/q4_0): decode reads each row with the fused
+  // dequantize-dot; batches dequantize a row once into f32 and reuse it for every token, so the
+  // numbers are those of the dequantized weights whatever the batch size.
+  void matmul_quantized(const Tensor& x, const Tensor& w, Tensor& y) {
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    const size_t row_bytes = dtype_row_bytes(w.dtype, k);
+    const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
+    const float* xp = x.f32();
+    float* yp = y.f32();
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / int64_t(row_bytes * size_t(std::min<int64_t>(n, 8))));
+    ThreadPool::global().parallel_for(m, grain, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> row;
+      if (n > 2) row.resize(size_t(k));
+      for (int64_t r = b; r < e; ++r) {
+        const uint8_t* wr = wbase + size_t(r) * row_bytes;
+        if (n <= 2) {
+          for (int64_t t = 0; t < n; ++t) yp[t * m + r] = vec_dot(w.dtype, wr, xp + t * k, k);
+          continue;
+        }
+        dequantize_row(w.dtype, wr, row.data(), k);
+        for (int64_t t = 0; t < n; ++t) yp[t * m + r] = cpu::dot_f32(xp + t * k, row.data(), k);
+      }
+    });
+  }
+
+  // Row-wise conversion to or from a block type. A row whose length is not a whole number of
+  // blocks cannot be quantized; such a tensor stays in its own dtype (as llama.cpp falls back).
+  Tensor convert_rows(const Tensor& src, DType dtype) {
+    const int64_t k = src.cols(), rows = src.rows();
+    if (dtype_is_quantized(dtype) && k % int64_t(dtype_block_size(dtype)) != 0) return src;
+    Tensor dst;
+    dst.dtype = dtype;
+    dst.shape = src.shape;
+    const size_t in_bytes = dtype_row_bytes(src.dtype, k), out_bytes = dtype_row_bytes(dtype, k);
+    Tensor storage = host_tensor(DType::U8, {int64_t(out_bytes * size_t(rows))});
+    dst.data = storage.data;
+    dst.owner = storage.owner;
+    ThreadPool::global().parallel_for(rows, 16, [&](int64_t b, int64_t e) {
+      std::vector<float> tmp(static_cast<size_t>(k));
+      for (int64_t r = b; r < e; ++r) {
+        const uint8_t* in = static_cast<const uint8_t*>(src.data) + size_t(r) * in_bytes;
+        uint8_t* out = static_cast<uint8_t*>(dst.data) + size_t(r) * out_bytes;
+        if (dtype_is_quantized(src.dtype)) dequantize_row(src.dtype, in, tmp.data(), k);
+        else cpu::to_f32(src.dtype, in, tmp.data(), k);
+        if (dtype_is_quantized(dtype)) quantize_row(dtype, tmp.data(), out, k);
+        else if (dtype == DType::F32) std::memcpy(out, tmp.data(), size_t(k) * 4);
+        else
+          for (int64_t i = 0; i < k; ++i)
+            reinterpret_cast<uint16_t*>(out)[i] = dtype == DType::BF16 ? f32_to_bf16(tmp[size_t(i)]) : f32_to_f16(tmp[size_t(i)]);
+      }
+    });
+    return dst;
   }
 
   void to_host(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }

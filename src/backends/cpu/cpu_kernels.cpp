@@ -1,10 +1,353 @@
+// Kernel dispatch, the scalar kernel table, and the parallel drivers. Compiled for the baseline
+// x86-64 target like the rest of the library: nothing here may assume AVX.
 #include "backends/cpu/cpu_kernels.h"
 
-#include <immintrin.h>
-
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace mb::cpu {
+
+namespace {
+
+// ---------------------------------------------------------------- scalar table
+
+// IEEE half -> float without F16C, so the scalar path runs on any x86-64 CPU.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (e == 0) {
+    const float f = float(mant) * 5.9604644775390625e-8f;  // subnormal: mant * 2^-24
+    return sign ? -f : f;
+  }
+  if (e == 31) bits = sign | 0x7f800000u | (mant << 13);
+  else bits = sign | ((e + 112u) << 23) | (mant << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float s_dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void s_axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+float s_sum(const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+void s_to_f32(WType t, const void* src, float* dst, int64_t n) {
+  if (t == WType::F32) {
+    std::memcpy(dst, src, size_t(n) * 4);
+  } else if (t == WType::BF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);
+  }
+}
+
+float gelu_tanh_scalar(float x) {
+  // Same formula as torch's gelu(approximate="tanh"), evaluated in f32 like its CPU/CUDA kernels.
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  float inner = k * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + std::tanh(inner));
+}
+
+void s_gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh_scalar(g[i]) * u[i];
+}
+
+size_t wsize(WType t) { return t == WType::F32 ? 4 : 2; }
+
+// Each row is widened once and reused for every token.
+void s_gemv(const MatArgs& a, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> row;
+  row.resize(size_t(a.k));
+  const uint8_t* wb = static_cast<const uint8_t*>(a.w);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* wr;
+    if (a.wt == WType::F32) {
+      wr = reinterpret_cast<const float*>(wb + size_t(r) * a.w_stride);
+    } else {
+      s_to_f32(a.wt, wb + size_t(r) * a.w_stride, row.data(), a.k);
+      wr = row.data();
+    }
+    for (int64_t t = 0; t < a.n; ++t) a.y[t * a.ldy + r] = s_dot(a.x + t * a.ldx, wr, a.k);
+  }
+}
+
+size_t s_attn_scratch(int64_t, int64_t) { return 0; }
+
+void attention_rows(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1) {
+  const int64_t nh = a.nh, hd = a.hd, group = nh / a.nkv;
+  thread_local std::vector<float> scores;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t g = h / group, hi = a.pos[t];
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, hi - a.window + 1) : 0;
+      const float* qv = a.q + (t * nh + h) * hd;
+      auto slot = [&](int64_t j) { return a.ring ? j % a.capacity : j; };
+      scores.resize(size_t(hi - lo + 1));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j <= hi; ++j) {
+        const float* kr = a.k + (slot(j) * a.nkv + g) * hd;
+        float s = s_dot(qv, kr, hd) * a.scale;
+        if (a.softcap > 0) s = a.softcap * std::tanh(s / a.softcap);
+        scores[size_t(j - lo)] = s;
+        mx = std::max(mx, s);
+      }
+      float sum = 0;
+      for (auto& s : scores) sum += (s = std::exp(s - mx));
+      const float inv = 1.f / sum;
+      float* o = a.out + (t * nh + h) * hd;
+      std::fill(o, o + hd, 0.f);
+      for (int64_t j = lo; j <= hi; ++j)
+        s_axpy(scores[size_t(j - lo)] * inv, a.v + (slot(j) * a.nkv + g) * hd, o, hd);
+    }
+}
+
+void s_attention(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float*) {
+  attention_rows(a, t0, t1, h0, h1);
+}
+
+const KernelTable kScalar = {
+    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul,
+    std::numeric_limits<int>::max(), s_gemv,
+    0, 0, 0, nullptr, nullptr, nullptr, nullptr,
+    s_attn_scratch, s_attention,
+};
+
+// ---------------------------------------------------------------- CPU detection
+
+struct CpuFeatures {
+  bool avx2 = false, avx512 = false;
+};
+
+CpuFeatures detect_features() {
+  CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+  if (!osxsave || !avx) return f;
+  unsigned xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  const bool ymm_os = (xlo & 0x6u) == 0x6u;          // SSE + AVX state
+  const bool zmm_os = ymm_os && (xlo & 0xe0u) == 0xe0u;  // opmask + ZMM_Hi256 + Hi16_ZMM
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  const bool avx2 = b & (1u << 5), f512 = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30),
+             vl = b & (1u << 31);
+  f.avx2 = ymm_os && avx2 && fma && f16c;
+  f.avx512 = f.avx2 && zmm_os && f512 && dq && bw && vl;
+#endif
+  return f;
+}
+
+const KernelTable* available(Isa isa) {
+  static const CpuFeatures f = detect_features();
+  switch (isa) {
+    case Isa::Scalar: return table_scalar();
+    case Isa::Avx2: return f.avx2 ? table_avx2() : nullptr;
+    case Isa::Avx512: return f.avx512 ? table_avx512() : nullptr;
+  }
+  return nullptr;
+}
+
+Isa best_available() {
+  if (available(Isa::Avx512)) return Isa::Avx512;
+  if (available(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+const KernelTable* initial_table() {
+  Isa isa = best_available();
+  if (const char* env = std::getenv("MARKBASE_CPU_ISA"); env && *env) {
+    std::string s(env);
+    for (auto& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    Isa want = isa;
+    if (s == "scalar") want = Isa::Scalar;
+    else if (s == "avx2") want = Isa::Avx2;
+    else if (s == "avx512") want = Isa::Avx512;
+    else std::fprintf(stderr, "markbase: MARKBASE_CPU_ISA=%s is not one of scalar, avx2, avx512; using %s\n", env, isa_name(isa));
+    if (want != isa) {
+      if (int(want) > int(isa))
+        std::fprintf(stderr, "markbase: this CPU cannot run MARKBASE_CPU_ISA=%s; using %s\n", env, isa_name(isa));
+      else isa = want;
+    }
+  }
+  return available(isa);
+}
+
+std::atomic<const KernelTable*>& active_slot() {
+  static std::atomic<const KernelTable*> slot{initial_table()};
+  return slot;
+}
+
+// 64-byte aligned scratch that grows and is kept per thread.
+struct Scratch {
+  float* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  float* get(size_t floats) {
+    if (floats > cap) {
+      std::free(p);
+      cap = std::max(floats, cap + cap / 2);
+      p = static_cast<float*>(std::aligned_alloc(64, (cap * 4 + 63) / 64 * 64));
+      MB_CHECK(p != nullptr, "out of memory for {} bytes of kernel scratch", cap * 4);
+    }
+    return p;
+  }
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+const KernelTable* table_scalar() { return &kScalar; }
+
+const KernelTable& kernels() { return *active_slot().load(std::memory_order_relaxed); }
+const KernelTable* kernels_for(Isa isa) { return available(isa); }
+Isa best_isa() { return best_available(); }
+
+Isa set_isa(Isa isa) {
+  const KernelTable* t = available(isa);
+  MB_CHECK(t != nullptr, "the {} kernels are not available on this CPU/build", isa_name(isa));
+  return active_slot().exchange(t)->isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool is_kernel_weight_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+WType wtype(DType t) {
+  switch (t) {
+    case DType::F32: return WType::F32;
+    case DType::BF16: return WType::BF16;
+    case DType::F16: return WType::F16;
+    default: fail("cpu kernels: weight dtype {} is not F32, BF16 or F16", dtype_name(t));
+  }
+}
+
+void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
+            int64_t m, float* y, int64_t ldy) {
+  if (n <= 0 || m <= 0) return;
+  if (k == 0) {
+    for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, 0.f);
+    return;
+  }
+  const KernelTable& K = kernels();
+  const MatArgs a{x, ldx, n, k, m, w, wtype(wt), w_stride, y, ldy};
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t row_bytes = k * int64_t(wsize(a.wt));
+  if (!K.gemm || n <= K.gemv_max_tokens) {
+    // Chunks of whole 16-row groups and at least 64 KB of weights: smaller matmuls stay on the
+    // calling thread, where a wake-up would cost more than the work.
+    constexpr int64_t unit = 16;
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (unit * row_bytes * std::min<int64_t>(n, 8)));
+    pool.parallel_for(ceil_div(m, unit), grain, [&](int64_t b, int64_t e) {
+      K.gemv(a, b * unit, std::min(m, e * unit));
+    });
+    return;
+  }
+  thread_local Scratch xp_buf;
+  float* xp = xp_buf.get(K.gemm_xp_floats(n, k));
+  const int64_t tiles = ceil_div(n, K.gemm_tile_tokens);
+  pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (K.gemm_tile_tokens * k)),
+                    [&](int64_t b, int64_t e) { K.gemm_pack_x(a, xp, b, e); });
+  // Row tasks of gemm_row_block rows, smaller (whole register tiles) when that leaves fewer than
+  // two tasks per thread.
+  const int64_t R = K.gemm_rows, threads = pool.size();
+  int64_t blk = K.gemm_row_block;
+  if (ceil_div(m, blk) < 2 * threads) blk = std::max<int64_t>(R, ceil_div(ceil_div(m, 2 * threads), R) * R);
+  const int64_t tasks = ceil_div(m, blk);
+  const double flops = 2.0 * double(n) * double(k) * double(m);
+  pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
+    thread_local Scratch buf;
+    float* scratch = buf.get(K.gemm_scratch_floats(n, k));
+    K.gemm(a, xp, b * blk, std::min(m, e * blk), scratch);
+  });
+}
+
+void attention(const AttnArgs& a) {
+  if (a.n <= 0 || a.nh <= 0) return;
+  const KernelTable& K = kernels();
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t group = a.nh / a.nkv, threads = pool.size();
+  // Tasks: (KV head, block of up to 16 tokens, slice of the group's heads). Heads are split only
+  // when there would otherwise be too few tasks to keep every thread busy (decode).
+  const int64_t tb = std::min<int64_t>(a.n, 16), ntb = ceil_div(a.n, tb);
+  int64_t hsplit = 1;
+  while (a.nkv * ntb * hsplit < 2 * threads && hsplit < group) ++hsplit;
+  const int64_t hs = ceil_div(group, hsplit);
+  hsplit = ceil_div(group, hs);
+  const int64_t tasks = a.nkv * ntb * hsplit;
+  int64_t span = a.window > 0 ? std::min<int64_t>(a.window, int64_t(a.pos[a.n - 1]) + 1) : int64_t(a.pos[a.n - 1]) + 1;
+  const double task_flops = 4.0 * double(tb * hs) * double(std::max<int64_t>(span, 1)) * double(a.hd);
+  const int64_t grain = std::max<int64_t>(1, int64_t(2e5 / task_flops));
+  pool.parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
+    thread_local Scratch buf;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t g = task / (ntb * hsplit), rest = task % (ntb * hsplit);
+      const int64_t t0 = (rest / hsplit) * tb, t1 = std::min(a.n, t0 + tb);
+      const int64_t h0 = g * group + (rest % hsplit) * hs, h1 = std::min(h0 + hs, (g + 1) * group);
+      if (h0 >= h1) continue;
+      float* scratch = buf.get(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
+      K.attention(a, t0, t1, h0, h1, scratch);
+    }
+  });
+}
+
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
+  const KernelTable& K = kernels();
+  ThreadPool::global().parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    K.gelu_tanh_mul(g + b, u + b, out + b, e - b);
+  });
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) { return kernels().dot(a, b, n); }
+void to_f32(DType dtype, const void* src, float* dst, int64_t n) { kernels().to_f32(wtype(dtype), src, dst, n); }
+void axpy(float a, const float* x, float* y, int64_t n) { kernels().axpy(a, x, y, n); }
+float sum_f32(const float* x, int64_t n) { return kernels().sum(x, n); }
+float gelu_tanh(float x) { return gelu_tanh_scalar(x); }
 
 float dot_f32_ref(const float* a, const float* b, int64_t n) {
   double s = 0;
@@ -12,84 +355,19 @@ float dot_f32_ref(const float* a, const float* b, int64_t n) {
   return float(s);
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
-         s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float r = _mm_cvtss_f32(h);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-
-void to_f32(DType dtype, const void* src, float* dst, int64_t n) {
-  switch (dtype) {
-    case DType::F32: {
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = s[i];
-      return;
+void matmul_ref(const float* x, int64_t n, int64_t k, DType wt, const void* w, int64_t m, float* y) {
+  std::vector<float> row(static_cast<size_t>(k));
+  const size_t stride = size_t(k) * wsize(wtype(wt));
+  for (int64_t r = 0; r < m; ++r) {
+    s_to_f32(wtype(wt), static_cast<const uint8_t*>(w) + size_t(r) * stride, row.data(), k);
+    for (int64_t t = 0; t < n; ++t) {
+      float acc = 0.f;
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[t * k + i], row[size_t(i)], acc);
+      y[t * m + r] = acc;
     }
-    case DType::BF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8) {
-        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-        __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16);
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(w));
-      }
-      for (; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      return;
-    }
-    case DType::F16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      return;
-    }
-    default:
-      for (int64_t i = 0; i < n; ++i) dst[i] = 0;
   }
 }
 
-void axpy(float a, const float* x, float* y, int64_t n) {
-  __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
-float sum_f32(const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
-  }
-  float tmp[8];
-  _mm256_storeu_ps(tmp, _mm256_add_ps(a0, a1));
-  float s = tmp[0] + tmp[1] + tmp[2] + tmp[3] + tmp[4] + tmp[5] + tmp[6] + tmp[7];
-  for (; i < n; ++i) s += x[i];
-  return s;
-}
-
-float gelu_tanh(float x) {
-  // Same formula as torch's gelu(approximate="tanh"), evaluated in f32 like its CPU/CUDA kernels.
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  float inner = k * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.f + std::tanh(inner));
-}
+void attention_ref(const AttnArgs& a) { attention_rows(a, 0, a.n, 0, a.nh); }
 
 }  // namespace mb::cpu

@@ -1,22 +1,51 @@
-// Inner loops of the CPU backend, kept apart from the op plumbing so each has a scalar twin that
-// tests compare against.
+// Inner loops of the CPU backend, kept apart from the op plumbing. Kernels come in per-ISA tables
+// (cpu_isa.h): a plain scalar one that runs on any x86-64 CPU and is the twin the SIMD ones are
+// tested against, an AVX2 one and an AVX-512 one. The best table the CPU supports is picked at
+// the first call; MARKBASE_CPU_ISA=scalar|avx2|avx512 forces one (a path the CPU lacks falls back
+// to the best it has, with a warning).
 #pragma once
 #include <cstdint>
 
+#include "backends/cpu/cpu_isa.h"
 #include "core/dtype.h"
 
 namespace mb::cpu {
 
+const KernelTable& kernels();
+// The table for `isa` when it is compiled in and this CPU runs it; else null.
+const KernelTable* kernels_for(Isa isa);
+// Makes `isa` the active path (tests, benchmarks) and returns the previous one; throws when
+// kernels_for(isa) is null. Not for use while kernels run on other threads.
+Isa set_isa(Isa isa);
+Isa best_isa();
+const char* isa_name(Isa isa);
+
+bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
+WType wtype(DType t);
+
+// Parallel drivers over ThreadPool::global() with the active table.
+// y[n, m] = x[n, k] · w[m, k]ᵀ; x rows ldx floats apart, y rows ldy apart.
+void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
+            int64_t m, float* y, int64_t ldy);
+void attention(const AttnArgs& a);
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
+
+// Single calls into the active table.
 float dot_f32(const float* a, const float* b, int64_t n);
-// Converts n weights of `dtype` to f32.
+// Converts n weights of `dtype` (F32, BF16, F16) to f32.
 void to_f32(DType dtype, const void* src, float* dst, int64_t n);
 // y += a * x
 void axpy(float a, const float* x, float* y, int64_t n);
-float gelu_tanh(float x);
 // Sum of n floats, streaming: used to measure read bandwidth.
 float sum_f32(const float* x, int64_t n);
+float gelu_tanh(float x);
 
 // Scalar references.
 float dot_f32_ref(const float* a, const float* b, int64_t n);
+// y[t][r] = fma(x[t][k-1], w[r][k-1], ... fma(x[t][0], w[r][0], 0)): what the SIMD matmul paths
+// return bit for bit.
+void matmul_ref(const float* x, int64_t n, int64_t k, DType wt, const void* w, int64_t m, float* y);
+// Two-pass softmax attention in the order of Backend::attention's original loop.
+void attention_ref(const AttnArgs& a);
 
 }  // namespace mb::cpu

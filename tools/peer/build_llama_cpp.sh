@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the peer engine, llama.cpp, for side-by-side benchmarks (docs/benchmarks.md).
+#
+#   tools/peer/build_llama_cpp.sh [DIR]      # default DIR=/tmp/markbase-peer
+#
+# Source: the llama.cpp tree vendored in PyPI's llama-cpp-python source distribution
+# (vendor/llama.cpp); no llama.cpp code lives in this repository. Result:
+#   DIR/src/llama_cpp_python-VERSION/vendor/llama.cpp   the source
+#   DIR/build/bin/llama-{bench,completion,simple,perplexity,quantize,gguf}
+# CPU only, Release, GGML_NATIVE=ON (this machine's ISA), OpenMP on.
+# AMX is compiled out (-mno-amx-*; the AVX-512/VNNI kernels and the Q4_K 8x8 repack stay): with
+# g++ 12 the AMX matmul of llama.cpp 0c1e57098 dies with SIGSEGV at its first ldtilecfg on dev-2c
+# (upstream issue ggml-org/llama.cpp#20824, fix proposed in PR #26954). PEER_AMX=1 keeps it.
+# Env: LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the sdist (default: newest); JOBS (default: nproc).
+# llama-cli is not built: in this llama.cpp it needs LLAMA_BUILD_SERVER (server + web UI);
+# llama-completion is the plain prompt -> text tool.
+set -euo pipefail
+
+dir=${1:-/tmp/markbase-peer}
+jobs=${JOBS:-$(nproc)}
+spec=llama-cpp-python${LLAMA_CPP_PYTHON_VERSION:+==$LLAMA_CPP_PYTHON_VERSION}
+mkdir -p "$dir/src"
+
+# 1. the sdist (never a wheel), unpacked
+python3 -m pip download --no-binary :all: --no-deps "$spec" -d "$dir/src"
+sdist=$(ls -t "$dir"/src/llama_cpp_python-*.tar.gz | head -n 1)
+tar -xzf "$sdist" -C "$dir/src"
+pkg="$dir/src/$(basename "$sdist" .tar.gz)"
+src="$pkg/vendor/llama.cpp"
+test -f "$src/CMakeLists.txt" || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
+
+# The sdist's vendor/llama.cpp is a one-commit shallow clone (so the build number reads 1);
+# the CHANGELOG names the llama.cpp commit of each release, which also covers a missing git.
+version=${pkg##*-}
+commit=$(awk -v v="## [$version]" '$0 == v {f=1; next} f && /^## \[/ {exit}
+  f && match($0, /llama\.cpp@[0-9a-f]+/) {print substr($0, RSTART + 10, RLENGTH - 10); exit}' \
+  "$pkg/CHANGELOG.md" || true)
+echo "llama-cpp-python $version, llama.cpp commit ${commit:-unknown}"
+
+# 2. configure + build (only the tools we use)
+generator=()
+noamx=()
+[ "${PEER_AMX:-0}" = 1 ] || noamx=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                                  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "$src" -B "$dir/build" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DGGML_CPU=ON \
+  -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+  -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
+  -DLLAMA_OPENSSL=OFF \
+  "${noamx[@]}" \
+  ${commit:+-DLLAMA_BUILD_COMMIT=$commit}
+cmake --build "$dir/build" -j "$jobs" --target \
+  llama-bench llama-completion llama-simple llama-perplexity llama-quantize llama-gguf
+
+ls -l "$dir"/build/bin/llama-*
