@@ -9,6 +9,12 @@
 #include "core/error.h"
 #include "markbase/markbase.h"
 #include "runtime/text.h"
+#include "formats/checkpoint.h"
+#include "formats/gguf_export.h"
+
+#include <unistd.h>
+
+#include <chrono>
 
 #include <nlohmann/json.hpp>
 
@@ -209,6 +215,45 @@ void register_tokenize(CLI::App& app) {
       ids = codec.encode(a->text, a->bos);
     }
     print_ids(ids);
+  });
+}
+
+void register_quantize(CLI::App& app) {
+  auto* cmd = app.add_subcommand("quantize", "write a model as GGUF with re-encoded weights");
+  struct Args {
+    std::string in, out, type;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("IN", a->in, "checkpoint folder or .gguf file")->required();
+  cmd->add_option("OUT", a->out, "output .gguf file")->required();
+  cmd->add_option("--type", a->type, "f32, bf16, q8_0, q4_0 or q4_k_m (llama.cpp's per-tensor mix)")
+      ->required()
+      ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "q4_k_m"}));
+  cmd->callback([a] {
+    MB_CHECK(std::filesystem::absolute(a->in) != std::filesystem::absolute(a->out), "quantize: OUT must differ from IN");
+    auto ck = mb::open_checkpoint(a->in);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    // Written to a temporary name and renamed at the end, so a failure never leaves a truncated OUT.
+    const std::string tmp = a->out + ".part";
+    try {
+      const bool tty = isatty(2);
+      double last = -1;
+      mb::export_gguf(*ck, tmp, mb::parse_quant_type(a->type), [&](const mb::ExportProgress& p) {
+        const double s = elapsed();
+        if (p.done != p.total && (!tty || s - last < 0.1)) return;  // a redraw at most every 0.1 s
+        last = s;
+        std::fprintf(stderr, "\r[%3zu/%zu] %7.1f tensors/s  %-40.40s", p.done, p.total,
+                     s > 0 ? double(p.done) / s : 0.0, p.tensor.c_str());
+      });
+    } catch (...) {
+      std::filesystem::remove(tmp);
+      std::fprintf(stderr, "\n");
+      throw;
+    }
+    std::filesystem::rename(tmp, a->out);
+    std::fprintf(stderr, "\nwrote %s (%s, %.1f MB) in %.1f s\n", a->out.c_str(), a->type.c_str(),
+                 double(std::filesystem::file_size(a->out)) / 1e6, elapsed());
   });
 }
 

@@ -11,6 +11,7 @@ void register_logits(CLI::App& app);
 void register_info(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_quantize(CLI::App& app);
 
 // $MARKBASE_MODEL, else the Gemma 3 270M GGUF that tools/setup.sh installs; throws if absent.
 std::string default_model_path();

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   mb::cli::register_info(app);
   mb::cli::register_tokenize(app);
   mb::cli::register_bench(app);
+  mb::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -182,6 +182,8 @@ void parse_gemma3(const Meta& m, ModelConfig& c) {
   // llama.cpp: the 27B scales queries by (hidden / heads)^-0.5, the others by head_dim^-0.5 (what
   // HF's query_pre_attn_scalar says for every released size).
   c.attn_scale = n == 62 ? 1.f / std::sqrt(float(c.hidden_size / c.n_heads)) : 1.f / std::sqrt(float(head_dim));
+  // MarkBase's exporter records query_pre_attn_scalar^-0.5 when a checkpoint has its own.
+  if (m.find("attention.scale")) c.attn_scale = float(m.get_float("attention.scale", c.attn_scale));
 
   // Sliding window every layer but each 6th (llama.cpp's set_swa_pattern(6)); no window key means
   // global attention everywhere.

@@ -1,0 +1,259 @@
+#include "formats/gguf_export.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/quant.h"
+#include "formats/gguf.h"
+#include "formats/gguf_model.h"
+
+namespace mb {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+GgufValue u32(int64_t v) { return GgufValue::make_uint(GgufType::U32, uint64_t(v)); }
+GgufValue f32(double v) { return GgufValue::make_float(GgufType::F32, v); }
+
+GgufValue per_layer(const ModelConfig& c, int LayerConfig::*field) {
+  std::vector<int64_t> v;
+  for (auto& L : c.layers) v.push_back(L.*field);
+  if (std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v[0]; })) return u32(v[0]);
+  return GgufValue::make_int_array(GgufType::I32, v);
+}
+
+const LayerConfig* first_layer(const ModelConfig& c, AttnKind kind) {
+  for (auto& L : c.layers)
+    if (L.kind == kind) return &L;
+  return nullptr;
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third in between.
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+int layer_of(const std::string& gguf_name) {
+  if (gguf_name.rfind("blk.", 0) != 0) return -1;
+  return std::atoi(gguf_name.c_str() + 4);
+}
+
+void model_metadata(const ModelConfig& c, GgufWriter& w) {
+  const std::string a = c.family;
+  w.set("general.architecture", GgufValue::make_string(a));
+  w.set(a + ".context_length", u32(c.max_position));
+  w.set(a + ".embedding_length", u32(c.hidden_size));
+  w.set(a + ".block_count", u32(c.n_layers));
+  w.set(a + ".feed_forward_length", per_layer(c, &LayerConfig::ffn_dim));
+  w.set(a + ".attention.head_count", u32(c.n_heads));
+  w.set(a + ".attention.head_count_kv", per_layer(c, &LayerConfig::n_kv_heads));
+  w.set(a + ".attention.layer_norm_rms_epsilon", f32(c.rms_eps));
+  if (c.final_logit_softcap > 0) w.set(a + ".final_logit_softcapping", f32(c.final_logit_softcap));
+  w.set(a + ".attention.sliding_window", u32(c.sliding_window));
+  const LayerConfig* full = first_layer(c, AttnKind::Full);
+  const LayerConfig* swa = first_layer(c, AttnKind::Sliding);
+  MB_CHECK(full && swa, "GGUF export needs both sliding and full layers");
+  if (a == "gemma3") {
+    w.set(a + ".attention.key_length", u32(c.layers[0].head_dim));
+    w.set(a + ".attention.value_length", u32(c.layers[0].head_dim));
+    w.set(a + ".rope.freq_base", f32(full->rope.theta));
+    // llama.cpp derives the query scale from head_dim; a checkpoint whose query_pre_attn_scalar
+    // says otherwise keeps its own (a key llama.cpp's gemma3 loader does not read).
+    w.set(a + ".attention.scale", f32(c.attn_scale));
+    if (full->rope.linear_factor != 1.f) {
+      w.set(a + ".rope.scaling.type", GgufValue::make_string("linear"));
+      w.set(a + ".rope.scaling.factor", f32(full->rope.linear_factor));
+    }
+  } else {
+    w.set(a + ".attention.key_length", u32(full->head_dim));
+    w.set(a + ".attention.value_length", u32(full->head_dim));
+    w.set(a + ".attention.key_length_swa", u32(swa->head_dim));
+    w.set(a + ".attention.value_length_swa", u32(swa->head_dim));
+    std::vector<bool> pattern;
+    for (auto& L : c.layers) pattern.push_back(L.kind == AttnKind::Sliding);
+    w.set(a + ".attention.sliding_window_pattern", GgufValue::make_bool_array(pattern));
+    w.set(a + ".attention.shared_kv_layers", u32(c.n_kv_shared_layers));
+    w.set(a + ".embedding_length_per_layer_input", u32(c.ple_dim));
+    w.set(a + ".rope.freq_base", f32(full->rope.theta));
+    w.set(a + ".rope.freq_base_swa", f32(swa->rope.theta));
+    w.set(a + ".rope.dimension_count", u32(full->head_dim));
+    w.set(a + ".rope.dimension_count_swa", u32(swa->head_dim));
+    if (c.moe) {
+      w.set(a + ".expert_count", u32(c.n_experts));
+      w.set(a + ".expert_used_count", u32(c.top_k_experts));
+      w.set(a + ".expert_feed_forward_length", u32(c.moe_ffn_dim));
+    }
+  }
+  w.set("tokenizer.ggml.bos_token_id", u32(c.bos_id));
+  w.set("tokenizer.ggml.eos_token_id", u32(c.eos_id));
+  w.set("tokenizer.ggml.padding_token_id", u32(c.pad_id));
+}
+
+// tokenizer.json (BPE + merges) -> tokenizer.ggml.*: ids, "a b" merges, and token types
+// (special added tokens are Control, other added tokens UserDefined, <0xXX> Byte, the rest Normal).
+void tokenizer_metadata(const std::string& dir, const ModelConfig& c, GgufWriter& w) {
+  fs::path p = fs::path(dir) / "tokenizer.json";
+  if (!fs::exists(p)) return;
+  std::ifstream in(p);
+  nlohmann::json j = nlohmann::json::parse(in);
+  const auto& vocab = j.at("model").at("vocab");
+  std::vector<std::string> tokens(vocab.size());
+  for (auto& [tok, id] : vocab.items()) {
+    const int64_t i = id.get<int64_t>();
+    MB_CHECK(i >= 0 && size_t(i) < tokens.size(), "{}: vocabulary ids are not dense", p.string());
+    tokens[size_t(i)] = tok;
+  }
+  std::vector<int64_t> types(tokens.size(), 1);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i].size() == 6 && tokens[i].rfind("<0x", 0) == 0 && tokens[i].back() == '>') types[i] = 6;
+  for (auto& t : j.value("added_tokens", nlohmann::json::array())) {
+    const int64_t id = t.at("id").get<int64_t>();
+    if (id >= 0 && size_t(id) < types.size()) types[size_t(id)] = t.value("special", false) ? 3 : 4;
+  }
+  std::vector<std::string> merges;
+  for (auto& m : j.at("model").value("merges", nlohmann::json::array()))
+    merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
+  // A BPE vocabulary with merges: llama.cpp calls Gemma 4's "gemma4"; ours reads either.
+  w.set("tokenizer.ggml.model", GgufValue::make_string(c.family == "gemma4" ? "gemma4" : "gpt2"));
+  w.set("tokenizer.ggml.tokens", GgufValue::make_string_array(std::move(tokens)));
+  w.set("tokenizer.ggml.token_type", GgufValue::make_int_array(GgufType::I32, types));
+  w.set("tokenizer.ggml.merges", GgufValue::make_string_array(std::move(merges)));
+  w.set("tokenizer.ggml.add_bos_token", GgufValue::make_bool(true));
+  for (const char* f : {"chat_template.jinja"}) {
+    if (!fs::exists(fs::path(dir) / f)) continue;
+    std::ifstream t(fs::path(dir) / f);
+    w.set("tokenizer.chat_template", GgufValue::make_string(std::string(std::istreambuf_iterator<char>(t), {})));
+  }
+}
+
+}  // namespace
+
+QuantType parse_quant_type(const std::string& s) {
+  if (s == "f32") return QuantType::F32;
+  if (s == "bf16") return QuantType::BF16;
+  if (s == "q8_0") return QuantType::Q8_0;
+  if (s == "q4_0") return QuantType::Q4_0;
+  if (s == "q4_k_m") return QuantType::Q4_K_M;
+  fail("unknown quantization type '{}' (f32, bf16, q8_0, q4_0, q4_k_m)", s);
+}
+
+DType gguf_tensor_type(QuantType q, const std::string& name, const std::vector<int64_t>& shape, int n_layers,
+                       DType source) {
+  const DType flt = dtype_is_quantized(source) ? DType::F32 : source;
+  if (shape.size() < 2 || ends_with(name, "norm.weight") || name == "rope_freqs.weight" ||
+      name.find("ffn_gate_inp") != std::string::npos || ends_with(name, ".scale"))
+    return DType::F32;
+  const int64_t cols = shape.back();
+  auto fits = [&](DType t) { return cols % int64_t(dtype_block_size(t)) == 0; };
+  auto or_fallback = [&](DType t) {
+    if (fits(t)) return t;
+    if (t == DType::Q4_K && fits(DType::Q5_0)) return DType::Q5_0;
+    if (t == DType::Q6_K && fits(DType::Q8_0)) return DType::Q8_0;
+    return flt;
+  };
+  switch (q) {
+    case QuantType::F32: return DType::F32;
+    case QuantType::BF16: return DType::BF16;
+    case QuantType::Q8_0: return or_fallback(DType::Q8_0);
+    case QuantType::Q4_0: return or_fallback(DType::Q4_0);
+    case QuantType::Q4_K_M: {
+      if (name == "token_embd.weight" || name == "output.weight") return or_fallback(DType::Q6_K);
+      const int layer = layer_of(name);
+      if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down") != std::string::npos) &&
+          layer >= 0 && use_more_bits(layer, n_layers))
+        return or_fallback(DType::Q6_K);
+      return or_fallback(DType::Q4_K);
+    }
+  }
+  return flt;
+}
+
+void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
+                 const std::function<void(const ExportProgress&)>& progress) {
+  const ModelConfig& c = ck.config;
+  GgufWriter w;
+  // (GGUF name, registry entry) of every text-decoder tensor.
+  std::vector<std::pair<std::string, const TensorEntry*>> todo;
+  if (ck.gguf) {
+    for (auto& [k, v] : ck.gguf->metadata())
+      if (k != "general.alignment" && k != "general.file_type") w.set(k, v);
+    for (auto& [name, e] : ck.tensors.entries()) {
+      const std::string g = hf_to_gguf_name(name);
+      MB_CHECK(!g.empty(), "no GGUF name for tensor '{}'", name);
+      todo.push_back({g, &e});
+    }
+  } else {
+    MB_CHECK(c.family == "gemma3" || c.family == "gemma4", "GGUF export supports gemma3 and gemma4, not {}", c.family);
+    model_metadata(c, w);
+    tokenizer_metadata(ck.path, c, w);
+    for (auto& [name, e] : ck.tensors.entries()) {
+      // Vision/audio parts belong in llama.cpp's separate mmproj file.
+      if (name.rfind(c.tensor_prefix, 0) != 0 && name != "lm_head.weight") continue;
+      const std::string hf = name == "lm_head.weight" ? name : "model." + name.substr(c.tensor_prefix.size());
+      const std::string g = hf_to_gguf_name(hf);
+      MB_CHECK(!g.empty(), "no GGUF name for tensor '{}'", name);
+      todo.push_back({g, &e});
+    }
+    if (c.family == "gemma4") {
+      const LayerConfig* full = first_layer(c, AttnKind::Full);
+      std::vector<float> freqs(size_t(full->head_dim / 2), 1e30f);
+      std::fill(freqs.begin(), freqs.begin() + int(float(full->head_dim) * full->rope.partial_rotary_factor / 2), 1.f);
+      w.add_tensor("rope_freqs.weight", DType::F32, {int64_t(freqs.size())}, freqs.data());
+    }
+  }
+  ExportProgress prog;
+  prog.total = todo.size();
+  for (auto& [g, e] : todo) {
+    prog.tensor = g;
+    if (progress) progress(prog);
+    const int64_t cols = e->shape.empty() ? 1 : e->shape.back();
+    const int64_t rows = cols ? int64_t(e->nbytes / dtype_row_bytes(e->dtype, cols)) : 0;
+    DType out = gguf_tensor_type(q, g, e->shape, c.n_layers, e->dtype);
+    std::vector<float> row(static_cast<size_t>(cols));
+    std::vector<uint8_t> buf(dtype_row_bytes(out, cols) * size_t(rows));
+    const bool shift = !ck.gguf && c.family == "gemma3" && ends_with(g, "norm.weight");  // GGUF stores 1 + w
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* in = e->data + size_t(r) * dtype_row_bytes(e->dtype, cols);
+      if (out == e->dtype && !shift) {
+        std::memcpy(buf.data() + size_t(r) * dtype_row_bytes(out, cols), in, dtype_row_bytes(out, cols));
+        continue;
+      }
+      if (dtype_is_quantized(e->dtype)) dequantize_row(e->dtype, in, row.data(), cols);
+      else
+        for (int64_t i = 0; i < cols; ++i) {
+          float v;
+          if (e->dtype == DType::F32) std::memcpy(&v, in + 4 * i, 4);
+          else {
+            uint16_t h;
+            std::memcpy(&h, in + 2 * i, 2);
+            v = e->dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+          }
+          row[size_t(i)] = shift ? 1.f + v : v;
+        }
+      uint8_t* o = buf.data() + size_t(r) * dtype_row_bytes(out, cols);
+      if (dtype_is_quantized(out)) quantize_row(out, row.data(), o, cols);
+      else if (out == DType::F32) std::memcpy(o, row.data(), size_t(cols) * 4);
+      else
+        for (int64_t i = 0; i < cols; ++i) {
+          uint16_t h = out == DType::BF16 ? f32_to_bf16(row[size_t(i)]) : f32_to_f16(row[size_t(i)]);
+          std::memcpy(o + 2 * i, &h, 2);
+        }
+    }
+    w.add_tensor(g, out, e->shape, buf.data());
+    ++prog.done;
+  }
+  const uint32_t file_type = q == QuantType::F32 ? 0 : q == QuantType::BF16 ? 32 : q == QuantType::Q8_0 ? 7
+                             : q == QuantType::Q4_0 ? 2 : 15;
+  w.set("general.file_type", u32(file_type));
+  w.write(out_path);
+  prog.tensor.clear();
+  if (progress) progress(prog);
+}
+
+}  // namespace mb

@@ -1,0 +1,32 @@
+// Writes a model as GGUF in the layout llama.cpp's converter produces (metadata keys, tensor
+// names, Gemma 3's +1 norm shift, Gemma 4's rope_freqs), re-encoding the weights: what
+// `markbase quantize` and `markbase bench --save` use.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "formats/checkpoint.h"
+
+namespace mb {
+
+enum class QuantType { F32, BF16, Q8_0, Q4_0, Q4_K_M };
+QuantType parse_quant_type(const std::string& s);  // f32 | bf16 | q8_0 | q4_0 | q4_k_m
+
+// The dtype a tensor gets. Norms, scalars and other vectors stay F32. Q4_K_M follows llama.cpp's
+// per-tensor mix: Q6_K for the (tied) embedding / output and for attn_v and ffn_down in the layers
+// use_more_bits() picks, Q4_K elsewhere; a row length that is not a whole number of blocks falls
+// back as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0, Q8_0/Q4_0 -> the source's float type).
+DType gguf_tensor_type(QuantType q, const std::string& gguf_name, const std::vector<int64_t>& shape, int n_layers,
+                       DType source);
+
+struct ExportProgress {
+  size_t done = 0, total = 0;
+  std::string tensor;
+};
+
+// `ck` may come from a checkpoint folder (its tokenizer.json / chat template are exported too) or
+// from a GGUF (its metadata is copied). Throws mb::Error on anything it cannot represent.
+void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
+                 const std::function<void(const ExportProgress&)>& progress = nullptr);
+
+}  // namespace mb
