@@ -13,6 +13,7 @@
 #include "core/quant.h"
 #include "formats/checkpoint.h"
 #include "formats/gguf.h"
+#include "formats/gguf_export.h"
 #include "formats/gguf_model.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"
@@ -25,89 +26,9 @@ namespace {
 GgufValue u32(int64_t v) { return GgufValue::make_uint(GgufType::U32, uint64_t(v)); }
 GgufValue f32(double v) { return GgufValue::make_float(GgufType::F32, v); }
 
-// A scalar when every layer agrees, else an INT32 array (what gguf-py writes for a Python list).
-GgufValue per_layer(const ModelConfig& c, int LayerConfig::*field) {
-  std::vector<int64_t> v;
-  for (auto& L : c.layers) v.push_back(L.*field);
-  if (std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v[0]; })) return u32(v[0]);
-  return GgufValue::make_int_array(GgufType::I32, v);
-}
-
-const LayerConfig* first_layer(const ModelConfig& c, AttnKind kind) {
-  for (auto& L : c.layers)
-    if (L.kind == kind) return &L;
-  return nullptr;
-}
-
-// The HF checkpoint in `dir` written as llama.cpp's converter would write it.
+// The HF checkpoint in `dir` written as GGUF, each tensor in its own dtype (src/formats/gguf_export).
 void convert_to_gguf(const std::string& dir, const std::string& out) {
-  auto ck = open_checkpoint(dir);
-  const ModelConfig& c = ck->config;
-  const std::string a = c.family;
-  GgufWriter w;
-  w.set("general.architecture", GgufValue::make_string(a));
-  w.set(a + ".context_length", u32(c.max_position));
-  w.set(a + ".embedding_length", u32(c.hidden_size));
-  w.set(a + ".block_count", u32(c.n_layers));
-  w.set(a + ".feed_forward_length", per_layer(c, &LayerConfig::ffn_dim));
-  w.set(a + ".attention.head_count", u32(c.n_heads));
-  w.set(a + ".attention.head_count_kv", per_layer(c, &LayerConfig::n_kv_heads));
-  w.set(a + ".attention.layer_norm_rms_epsilon", f32(c.rms_eps));
-  if (c.final_logit_softcap > 0) w.set(a + ".final_logit_softcapping", f32(c.final_logit_softcap));
-  w.set(a + ".attention.sliding_window", u32(c.sliding_window));
-  const LayerConfig* full = first_layer(c, AttnKind::Full);
-  const LayerConfig* swa = first_layer(c, AttnKind::Sliding);
-  if (a == "gemma3") {
-    w.set(a + ".attention.key_length", u32(c.layers[0].head_dim));
-    w.set(a + ".attention.value_length", u32(c.layers[0].head_dim));
-    w.set(a + ".rope.freq_base", f32(full->rope.theta));
-    if (full->rope.linear_factor != 1.f) {
-      w.set(a + ".rope.scaling.type", GgufValue::make_string("linear"));
-      w.set(a + ".rope.scaling.factor", f32(full->rope.linear_factor));
-    }
-  } else {
-    w.set(a + ".attention.key_length", u32(full->head_dim));
-    w.set(a + ".attention.value_length", u32(full->head_dim));
-    w.set(a + ".attention.key_length_swa", u32(swa->head_dim));
-    w.set(a + ".attention.value_length_swa", u32(swa->head_dim));
-    std::vector<bool> pattern;
-    for (auto& L : c.layers) pattern.push_back(L.kind == AttnKind::Sliding);
-    w.set(a + ".attention.sliding_window_pattern", GgufValue::make_bool_array(pattern));
-    w.set(a + ".attention.shared_kv_layers", u32(c.n_kv_shared_layers));
-    w.set(a + ".embedding_length_per_layer_input", u32(c.ple_dim));
-    w.set(a + ".rope.freq_base", f32(full->rope.theta));
-    w.set(a + ".rope.freq_base_swa", f32(swa->rope.theta));
-    w.set(a + ".rope.dimension_count", u32(full->head_dim));
-    w.set(a + ".rope.dimension_count_swa", u32(swa->head_dim));
-    if (c.moe) {
-      w.set(a + ".expert_count", u32(c.n_experts));
-      w.set(a + ".expert_used_count", u32(c.top_k_experts));
-      w.set(a + ".expert_feed_forward_length", u32(c.moe_ffn_dim));
-    }
-    std::vector<float> freqs(size_t(full->head_dim / 2), 1e30f);
-    const int rotated = int(float(full->head_dim) * full->rope.partial_rotary_factor / 2);
-    std::fill(freqs.begin(), freqs.begin() + rotated, 1.f);
-    w.add_tensor("rope_freqs.weight", DType::F32, {int64_t(freqs.size())}, freqs.data());
-  }
-  w.set("tokenizer.ggml.bos_token_id", u32(c.bos_id));
-  w.set("tokenizer.ggml.eos_token_id", u32(c.eos_id));
-  w.set("tokenizer.ggml.padding_token_id", u32(c.pad_id));
-  for (auto& [name, e] : ck->tensors.entries()) {
-    // Vision/audio parts go to llama.cpp's separate mmproj file.
-    if (name.rfind(c.tensor_prefix, 0) != 0 && name != "lm_head.weight") continue;
-    const std::string hf = name == "lm_head.weight" ? name : "model." + name.substr(c.tensor_prefix.size());
-    const std::string g = hf_to_gguf_name(hf);
-    ASSERT_FALSE(g.empty()) << "no GGUF name for " << name;
-    std::vector<uint8_t> data(e.data, e.data + e.nbytes);
-    if (a == "gemma3" && g.size() >= 11 && g.compare(g.size() - 11, 11, "norm.weight") == 0) {
-      // Gemma3Model.norm_shift: GGUF stores 1 + w.
-      ASSERT_EQ(e.dtype, DType::F32) << name;
-      float* f = reinterpret_cast<float*>(data.data());
-      for (size_t i = 0; i < data.size() / 4; ++i) f[i] = 1.f + f[i];
-    }
-    w.add_tensor(g, e.dtype, e.shape, data.data());
-  }
-  w.write(out);
+  export_gguf(*open_checkpoint(dir), out, QuantType::Keep);
 }
 
 std::vector<float> forward_logits(std::shared_ptr<const Checkpoint> ck, const std::vector<int32_t>& tokens) {
@@ -182,14 +103,10 @@ TEST_P(GgufFromHf, SameConfigAndLogitsAsTheHfCheckpoint) {
   EXPECT_EQ(g.tensor_prefix, "model.");
   EXPECT_FALSE(g.norm_adds_one);  // folded into the weights by the converter (Gemma 3) or never there
   expect_same_layers(g, h);
-  if (g.family == "gemma3") {
-    // GGUF has no query_pre_attn_scalar: llama.cpp scales by head_dim^-0.5 (all released Gemma 3
-    // but 27B have query_pre_attn_scalar == head_dim); this fixture deliberately differs.
-    EXPECT_EQ(g.attn_scale, 1.f / std::sqrt(float(g.layers[0].head_dim)));
-    gg->config.attn_scale = h.attn_scale;
-  } else {
-    EXPECT_EQ(g.attn_scale, h.attn_scale);
-  }
+  // GGUF has no query_pre_attn_scalar: llama.cpp scales by head_dim^-0.5 (all released Gemma 3
+  // but 27B have query_pre_attn_scalar == head_dim); gemma3_like deliberately differs, so the
+  // exporter records the scale in attention.scale.
+  EXPECT_EQ(g.attn_scale, h.attn_scale);
   EXPECT_FALSE(gg->tensors.contains("rope_freqs.weight"));
 
   auto ref = mbtest::read_json(dir + "/reference.json");

@@ -146,6 +146,7 @@ QuantType parse_quant_type(const std::string& s) {
 DType gguf_tensor_type(QuantType q, const std::string& name, const std::vector<int64_t>& shape, int n_layers,
                        DType source) {
   const DType flt = dtype_is_quantized(source) ? DType::F32 : source;
+  if (q == QuantType::Keep) return source;
   if (shape.size() < 2 || ends_with(name, "norm.weight") || name == "rope_freqs.weight" ||
       name.find("ffn_gate_inp") != std::string::npos || ends_with(name, ".scale"))
     return DType::F32;
@@ -158,6 +159,7 @@ DType gguf_tensor_type(QuantType q, const std::string& name, const std::vector<i
     return flt;
   };
   switch (q) {
+    case QuantType::Keep: return source;
     case QuantType::F32: return DType::F32;
     case QuantType::BF16: return DType::BF16;
     case QuantType::Q8_0: return or_fallback(DType::Q8_0);
@@ -248,7 +250,7 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
     w.add_tensor(g, out, e->shape, buf.data());
     ++prog.done;
   }
-  const uint32_t file_type = q == QuantType::F32 ? 0 : q == QuantType::BF16 ? 32 : q == QuantType::Q8_0 ? 7
+  const uint32_t file_type = q == QuantType::F32 || q == QuantType::Keep ? 0 : q == QuantType::BF16 ? 32 : q == QuantType::Q8_0 ? 7
                              : q == QuantType::Q4_0 ? 2 : 15;
   w.set("general.file_type", u32(file_type));
   w.write(out_path);

@@ -9,7 +9,7 @@
 
 namespace mb {
 
-enum class QuantType { F32, BF16, Q8_0, Q4_0, Q4_K_M };
+enum class QuantType { Keep, F32, BF16, Q8_0, Q4_0, Q4_K_M };  // Keep: each tensor's own dtype
 QuantType parse_quant_type(const std::string& s);  // f32 | bf16 | q8_0 | q4_0 | q4_k_m
 
 // The dtype a tensor gets. Norms, scalars and other vectors stay F32. Q4_K_M follows llama.cpp's
