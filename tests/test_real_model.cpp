@@ -76,3 +76,26 @@ TEST(RealModel, Gemma3_270mMatchesTransformersPerplexityAndTop1) {
 }
 
 }  // namespace
+
+#include "formats/gguf.h"
+
+namespace {
+
+// Our q4_k_m mix gives every tensor of the real file the type llama.cpp's llama-quantize gave it
+// (fallbacks for 640-wide rows included).
+TEST(RealModel, Q4KMMixMatchesLlamaCppTypeForType) {
+  const std::string path = mbtest::gemma3_gguf_path();
+  if (path.empty()) GTEST_SKIP() << "Gemma 3 270M GGUF not installed (run tools/setup.sh)";
+  const std::string out = mbtest::temp_dir("q4km") + "/requant.gguf";
+  auto r = mbtest::run_cli("quantize " + path + " " + out + " --type q4_k_m");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto a = mb::GgufFile::open(path), b = mb::GgufFile::open(out);
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (auto& t : a->tensors()) {
+    const mb::GgufTensorInfo* u = b->find_tensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(mb::ggml_type_name(u->ggml_type), mb::ggml_type_name(t.ggml_type)) << t.name;
+  }
+}
+
+}  // namespace
