@@ -67,6 +67,7 @@ float s_sum(const float* x, int64_t n) {
 }
 
 void s_to_f32(WType t, const void* src, float* dst, int64_t n) {
+  if (n <= 0) return;  // zero-length rows may come with null pointers; memcpy must not see them
   if (t == WType::F32) {
     std::memcpy(dst, src, size_t(n) * 4);
   } else if (t == WType::BF16) {
