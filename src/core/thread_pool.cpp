@@ -169,8 +169,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int6
     return;
   }
   // Several chunks per thread: uneven costs (attention over growing contexts) and a thread that
-  // loses its core for a while balance themselves.
-  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 4);
+  // loses its core for a while balance themselves, and the last chunk leaves little idle time.
+  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 8);
   run(n, (n + chunks - 1) / chunks, fn);
 }
 

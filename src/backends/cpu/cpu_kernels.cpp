@@ -27,21 +27,6 @@ namespace {
 
 // ---------------------------------------------------------------- scalar table
 
-// IEEE half -> float without F16C, so the scalar path runs on any x86-64 CPU.
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (e == 0) {
-    const float f = float(mant) * 5.9604644775390625e-8f;  // subnormal: mant * 2^-24
-    return sign ? -f : f;
-  }
-  if (e == 31) bits = sign | 0x7f800000u | (mant << 13);
-  else bits = sign | ((e + 112u) << 23) | (mant << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 float s_dot(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -75,7 +60,7 @@ void s_to_f32(WType t, const void* src, float* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
   } else {
     const uint16_t* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);  // portable, bit-identical to F16C
   }
 }
 
@@ -280,8 +265,8 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   ThreadPool& pool = ThreadPool::global();
   const int64_t row_bytes = k * int64_t(wsize(a.wt));
   if (!K.gemm || n <= K.gemv_max_tokens) {
-    // Chunks of whole 16-row groups and at least 64 KB of weights: smaller matmuls stay on the
-    // calling thread, where a wake-up would cost more than the work.
+    // Chunks of whole 16-row groups worth at least 64 KB of weights x tokens (up to 8): smaller
+    // matmuls stay on the calling thread, where a wake-up would cost more than the work.
     constexpr int64_t unit = 16;
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (unit * row_bytes * std::min<int64_t>(n, 8)));
     pool.parallel_for(ceil_div(m, unit), grain, [&](int64_t b, int64_t e) {
@@ -314,10 +299,11 @@ void attention(const AttnArgs& a) {
   ThreadPool& pool = ThreadPool::global();
   const int64_t group = a.nh / a.nkv, threads = pool.size();
   // Tasks: (KV head, block of up to 16 tokens, slice of the group's heads). Heads are split only
-  // when there would otherwise be too few tasks to keep every thread busy (decode).
+  // when there would otherwise be fewer tasks than threads (decode): each slice reads and
+  // transposes the same keys again.
   const int64_t tb = std::min<int64_t>(a.n, 16), ntb = ceil_div(a.n, tb);
   int64_t hsplit = 1;
-  while (a.nkv * ntb * hsplit < 2 * threads && hsplit < group) ++hsplit;
+  while (a.nkv * ntb * hsplit < threads && hsplit < group) ++hsplit;
   const int64_t hs = ceil_div(group, hsplit);
   hsplit = ceil_div(group, hs);
   const int64_t tasks = a.nkv * ntb * hsplit;
