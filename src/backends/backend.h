@@ -35,9 +35,12 @@ class Backend {
 
   // Zeroed activation/cache memory owned by the returned tensor.
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
-  // A weight in `dtype`, in whatever layout this backend's kernels want. May alias `src` when
-  // nothing needs to change (then the caller keeps `src`'s storage alive).
-  virtual Tensor prepare_weight(const Tensor& src, DType dtype) = 0;
+  // A weight in `dtype`, in whatever layout this backend's kernels want for `use`: a matmul weight
+  // may carry a repacked copy (Tensor::packed); a lookup table (embeddings, the per-layer table)
+  // never gets one, so it stays in the mmap and only the rows read are paged in. May alias `src`
+  // when nothing needs to change (then the caller keeps `src`'s storage alive).
+  enum class WeightUse { Matmul, Lookup, MatmulAndLookup };
+  virtual Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use = WeightUse::Matmul) = 0;
   virtual bool supports_weight_dtype(DType dtype) const = 0;
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.

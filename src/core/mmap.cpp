@@ -7,10 +7,18 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
 namespace mb {
+
+namespace {
+std::mutex g_maps_mu;
+std::vector<std::pair<uintptr_t, uintptr_t>> g_maps;  // live mappings [begin, end)
+}  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -31,13 +39,36 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
       fail("cannot map {}: {}", path, std::strerror(err));
     }
     f->data_ = static_cast<const uint8_t*>(p);
+    std::lock_guard<std::mutex> lock(g_maps_mu);
+    g_maps.push_back({uintptr_t(p), uintptr_t(p) + f->size_});
   }
   ::close(fd);
   return f;
 }
 
 MappedFile::~MappedFile() {
-  if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+  if (!data_) return;
+  {
+    std::lock_guard<std::mutex> lock(g_maps_mu);
+    for (size_t i = 0; i < g_maps.size(); ++i)
+      if (g_maps[i].first == uintptr_t(data_)) {
+        g_maps.erase(g_maps.begin() + long(i));
+        break;
+      }
+  }
+  munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void release_mapped_pages(const void* p, size_t n) {
+  const uintptr_t b = uintptr_t(p), e = b + n;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  std::lock_guard<std::mutex> lock(g_maps_mu);
+  for (const auto& m : g_maps)
+    if (b >= m.first && e <= m.second) {
+      const uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
+      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+      return;
+    }
 }
 
 }  // namespace mb

@@ -26,4 +26,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Drops the resident pages of [p, p + n) when that range lies inside a live MappedFile (whole pages
+// only; the next read pages them in again from the file); does nothing for other memory. For
+// weights read once to build another layout.
+void release_mapped_pages(const void* p, size_t n);
+
 }  // namespace mb

@@ -11,6 +11,7 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
   MB_CHECK(!shape.empty() && begin >= 0 && count >= 0 && begin + count <= shape[0],
            "slice_rows [{}, {}) out of range for shape {}", begin, begin + count, shape_str());
   Tensor t = *this;
+  t.packed.reset();
   t.shape[0] = count;
   size_t row_bytes = shape[0] ? nbytes() / size_t(shape[0]) : 0;
   t.data = static_cast<uint8_t*>(data) + size_t(begin) * row_bytes;
@@ -19,6 +20,7 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
 
 Tensor Tensor::reshaped(std::vector<int64_t> new_shape) const {
   Tensor t = *this;
+  if (new_shape != shape) t.packed.reset();
   t.shape = std::move(new_shape);
   MB_CHECK(t.numel() == numel(), "cannot reshape {} to {}", shape_str(), t.shape_str());
   return t;

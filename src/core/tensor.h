@@ -19,6 +19,10 @@ struct Tensor {
   void* data = nullptr;
   Device device = Device::CPU;
   std::shared_ptr<void> owner;
+  // A backend's private copy of a weight in the layout its matmul kernels want (see
+  // Backend::prepare_weight); data/dtype stay the plain rows, for lookups. Views of other rows or
+  // shapes drop it.
+  std::shared_ptr<const void> packed;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -52,12 +52,13 @@ class Gemma4Model final : public Model {
   void forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) override;
 
  private:
-  Tensor weight(const std::string& name, std::vector<int64_t> shape, bool matrix) {
+  Tensor weight(const std::string& name, std::vector<int64_t> shape, bool matrix,
+                Backend::WeightUse use = Backend::WeightUse::Matmul) {
     Tensor src = ck_->tensors.get(cfg_.tensor_prefix + name, shape);
     MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use",
              cfg_.tensor_prefix + name, dtype_name(src.dtype), be_.name());
     DType want = !matrix ? DType::F32 : opts_.keep_checkpoint_dtype ? src.dtype : opts_.weight_dtype;
-    Tensor t = be_.prepare_weight(src, want);
+    Tensor t = be_.prepare_weight(src, want, use);
     weight_bytes_ += t.nbytes();
     return t;
   }
@@ -107,7 +108,8 @@ std::vector<float> rope_inv_freq(const LayerConfig& L) {
 
 void Gemma4Model::load_weights() {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, P = cfg_.ple_dim, NL = cfg_.n_layers;
-  embed_tokens = weight("embed_tokens.weight", {V, H}, true);
+  embed_tokens = weight("embed_tokens.weight", {V, H}, true,
+                        cfg_.tie_embeddings ? Backend::WeightUse::MatmulAndLookup : Backend::WeightUse::Lookup);
   embed_scale = scale_in_dtype(std::sqrt(double(H)), embed_tokens.dtype);
   final_norm = weight("norm.weight", {H}, false);
   lm_head = embed_tokens;
@@ -122,7 +124,7 @@ void Gemma4Model::load_weights() {
                                   {int64_t(cfg_.ple_vocab), NL * P});
     MB_CHECK(be_.supports_weight_dtype(src.dtype), "embed_tokens_per_layer has unsupported dtype {}",
              dtype_name(src.dtype));
-    ple_table = be_.prepare_weight(src, src.dtype);
+    ple_table = be_.prepare_weight(src, src.dtype, Backend::WeightUse::Lookup);
     ple_scale = scale_in_dtype(std::sqrt(double(P)), ple_table.dtype);
     ple_model_proj = weight("per_layer_model_projection.weight", {NL * P, H}, true);
     ple_proj_norm = weight("per_layer_projection_norm.weight", {P}, false);

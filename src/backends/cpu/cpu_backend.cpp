@@ -7,6 +7,8 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/qmatmul.h"
+#include "core/mmap.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
@@ -30,7 +32,18 @@ class CpuBackend final : public Backend {
     return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
   }
 
-  Tensor prepare_weight(const Tensor& src, DType dtype) override {
+  Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
+    Tensor t = converted(src, dtype);
+    // Block-quantized matmul weights get the integer kernels' layout. The plain rows stay for
+    // lookups and the f32-activation path; pages of the file read only to pack are given back.
+    if (use != WeightUse::Lookup && src.rank() >= 2 && cpu::qpack_supports(t.dtype, t.cols())) {
+      t.packed = cpu::qpack(t.dtype, t.data, t.rows(), t.cols());
+      if (t.data == src.data) release_mapped_pages(src.data, src.nbytes());
+    }
+    return t;
+  }
+
+  Tensor converted(const Tensor& src, DType dtype) {
     MB_CHECK(supports_weight_dtype(src.dtype), "cpu backend: unsupported weight dtype {}", dtype_name(src.dtype));
     MB_CHECK(supports_weight_dtype(dtype), "cpu backend: unsupported target dtype {}", dtype_name(dtype));
     if (src.dtype == dtype) return src;
@@ -239,6 +252,8 @@ class CpuBackend final : public Backend {
       Tensor wdn = down;
       wdn.shape = {H, I};
       wdn.data = static_cast<uint8_t*>(down.data) + size_t(e) * dn_bytes;
+      wgu.packed = packed_rows(gate_up, e * I2, I2);
+      wdn.packed = packed_rows(down, e * H, H);
       matmul(xe, wgu, gu);
       for (int64_t i = 0; i < m; ++i)
         cpu::kernels().gelu_tanh_mul(gu.f32() + i * I2, gu.f32() + i * I2 + I, act.f32() + i * I, I);
@@ -270,11 +285,28 @@ class CpuBackend final : public Backend {
     std::memcpy(dst.data, src.data, src.nbytes());
   }
 
+  // The packed rows [row0, row0 + rows) of w when they start a packed group, else null.
+  static std::shared_ptr<const void> packed_rows(const Tensor& w, int64_t row0, int64_t rows) {
+    if (!w.packed || row0 % cpu::kQRows != 0) return nullptr;
+    auto all = std::static_pointer_cast<const cpu::QPacked>(w.packed);
+    auto view = std::make_shared<cpu::QPacked>(*all);
+    view->m = rows;
+    view->groups = (rows + cpu::kQRows - 1) / cpu::kQRows;
+    view->data = std::shared_ptr<uint8_t>(all->data, all->data.get() + size_t(row0 / cpu::kQRows) * all->group_bytes);
+    return view;
+  }
+
   // Block-quantized weights (GGUF files, --dtype q8_0/q4_0): decode reads each row with the fused
   // dequantize-dot; batches dequantize a row once into f32 and reuse it for every token, so the
   // numbers are those of the dequantized weights whatever the batch size.
   void matmul_quantized(const Tensor& x, const Tensor& w, Tensor& y) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
+    if (w.packed) {
+      if (cpu::QMatmulFn fn = cpu::qmatmul_kernel()) {
+        cpu::qmatmul(fn, *std::static_pointer_cast<const cpu::QPacked>(w.packed), x.f32(), k, n, y.f32(), m);
+        return;
+      }
+    }
     const size_t row_bytes = dtype_row_bytes(w.dtype, k);
     const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
     const float* xp = x.f32();

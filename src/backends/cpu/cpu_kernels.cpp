@@ -138,7 +138,7 @@ const KernelTable kScalar = {
 // ---------------------------------------------------------------- CPU detection
 
 struct CpuFeatures {
-  bool avx2 = false, avx512 = false;
+  bool avx2 = false, avx512 = false, avx512_vnni = false;
 };
 
 CpuFeatures detect_features() {
@@ -157,12 +157,18 @@ CpuFeatures detect_features() {
              vl = b & (1u << 31);
   f.avx2 = ymm_os && avx2 && fma && f16c;
   f.avx512 = f.avx2 && zmm_os && f512 && dq && bw && vl;
+  f.avx512_vnni = f.avx512 && (c & (1u << 11));
 #endif
   return f;
 }
 
-const KernelTable* available(Isa isa) {
+const CpuFeatures& features() {
   static const CpuFeatures f = detect_features();
+  return f;
+}
+
+const KernelTable* available(Isa isa) {
+  const CpuFeatures& f = features();
   switch (isa) {
     case Isa::Scalar: return table_scalar();
     case Isa::Avx2: return f.avx2 ? table_avx2() : nullptr;
@@ -232,6 +238,8 @@ Isa set_isa(Isa isa) {
   MB_CHECK(t != nullptr, "the {} kernels are not available on this CPU/build", isa_name(isa));
   return active_slot().exchange(t)->isa;
 }
+
+bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
 
 const char* isa_name(Isa isa) {
   switch (isa) {

@@ -19,6 +19,7 @@ const KernelTable* kernels_for(Isa isa);
 Isa set_isa(Isa isa);
 Isa best_isa();
 const char* isa_name(Isa isa);
+bool cpu_has_avx512_vnni();
 
 bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);

@@ -1,0 +1,298 @@
+#include "backends/cpu/qmatmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "core/quant.h"
+#include "core/thread_pool.h"
+
+namespace mb::cpu {
+
+namespace {
+
+using namespace blocks;
+
+// Code layout of one 32-k block of a group (see qmatmul.h): k = 4q + i of row r sits in
+//   8-bit codes:  byte 64q + 4r + i
+//   4-bit codes:  byte 64(q/2) + 4r + i, low nibble for even q, high nibble for odd q
+//   bit 4 / bit 5 of 5- and 6-bit codes: bit 4r + i of the little-endian qword at 256 + 8q / 320 + 8q
+struct CodeLayout {
+  int bits;
+  size_t block_bytes;
+};
+
+CodeLayout layout_of(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {8, 512};
+    case DType::Q4_0: case DType::Q4_K: return {4, 256};
+    case DType::Q5_0: return {5, 320};
+    case DType::Q6_K: return {6, 384};
+    default: fail("qmatmul: {} cannot be packed", dtype_name(t));
+  }
+}
+
+void put_code(uint8_t* blk, int bits, int r, int kk, unsigned c) {
+  const int q = kk / 4, i = kk % 4, lane = 4 * r + i;
+  if (bits == 8) {
+    blk[64 * q + lane] = uint8_t(c);
+    return;
+  }
+  blk[64 * (q / 2) + lane] |= uint8_t((c & 15u) << (4 * (q & 1)));
+  if (bits >= 5 && (c & 16u)) blk[256 + 8 * q + lane / 8] |= uint8_t(1u << (lane % 8));
+  if (bits >= 6 && (c & 32u)) blk[320 + 8 * q + lane / 8] |= uint8_t(1u << (lane % 8));
+}
+
+unsigned get_code(const uint8_t* blk, int bits, int r, int kk) {
+  const int q = kk / 4, i = kk % 4, lane = 4 * r + i;
+  if (bits == 8) return blk[64 * q + lane];
+  unsigned c = (blk[64 * (q / 2) + lane] >> (4 * (q & 1))) & 15u;
+  if (bits >= 5) c |= ((blk[256 + 8 * q + lane / 8] >> (lane % 8)) & 1u) << 4;
+  if (bits >= 6) c |= ((blk[320 + 8 * q + lane / 8] >> (lane % 8)) & 1u) << 5;
+  return c;
+}
+
+uint16_t* f16s(uint8_t* p) { return reinterpret_cast<uint16_t*>(p); }
+const uint16_t* f16s(const uint8_t* p) { return reinterpret_cast<const uint16_t*>(p); }
+
+// Packs row r (0..15) of group g from its source row.
+void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
+  const CodeLayout L = layout_of(w.type);
+  uint8_t* gp = w.data.get() + size_t(g) * w.group_bytes;
+  auto codes = [&](int64_t u) { return gp + size_t(u) * w.unit_codes; };
+  auto scales = [&](int64_t u) { return gp + size_t(w.units()) * w.unit_codes + size_t(u) * w.unit_scales; };
+  for (int64_t u = 0; u < w.units(); ++u) {
+    uint8_t* cu = codes(u);
+    uint8_t* su = scales(u);
+    switch (w.type) {
+      case DType::Q8_0: {
+        const Q8_0& b = reinterpret_cast<const Q8_0*>(src)[u];
+        f16s(su)[r] = b.d;
+        for (int j = 0; j < 32; ++j) put_code(cu, 8, r, j, unsigned(int(b.qs[j]) + 128));
+        break;
+      }
+      case DType::Q4_0: {
+        const Q4_0& b = reinterpret_cast<const Q4_0*>(src)[u];
+        f16s(su)[r] = b.d;
+        for (int j = 0; j < 16; ++j) {
+          put_code(cu, 4, r, j, b.qs[j] & 15u);
+          put_code(cu, 4, r, j + 16, b.qs[j] >> 4);
+        }
+        break;
+      }
+      case DType::Q5_0: {
+        const Q5_0& b = reinterpret_cast<const Q5_0*>(src)[u];
+        f16s(su)[r] = b.d;
+        uint32_t qh;
+        std::memcpy(&qh, b.qh, 4);
+        for (int j = 0; j < 16; ++j) {
+          put_code(cu, 5, r, j, (b.qs[j] & 15u) | (((qh >> j) & 1u) << 4));
+          put_code(cu, 5, r, j + 16, (b.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+        }
+        break;
+      }
+      case DType::Q4_K: {
+        // scales: d[16] f16, dmin[16] f16, sc[8][16] u8, m[8][16] u8
+        const Q4_K& b = reinterpret_cast<const Q4_K*>(src)[u];
+        f16s(su)[r] = b.d;
+        f16s(su)[16 + r] = b.dmin;
+        for (int j = 0; j < 8; ++j) {
+          int sc, m;
+          k_scale_min(j, b.scales, sc, m);
+          su[64 + 16 * j + r] = uint8_t(sc);
+          su[192 + 16 * j + r] = uint8_t(m);
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = b.qs[32 * (j / 2) + l];
+            put_code(cu + size_t(j) * L.block_bytes, 4, r, l, (j & 1) ? byte >> 4 : byte & 15u);
+          }
+        }
+        break;
+      }
+      case DType::Q6_K: {
+        // scales: d[16] f16, sc[16][16] i8 (sub-block of 16, row)
+        const Q6_K& b = reinterpret_cast<const Q6_K*>(src)[u];
+        f16s(su)[r] = b.d;
+        for (int s = 0; s < 16; ++s) su[32 + 16 * s + r] = uint8_t(b.scales[s]);
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+          const uint8_t ql = b.ql[64 * h + l + 32 * (c & 1)];
+          const unsigned lo = (c < 2 ? ql : ql >> 4) & 15u, hi = (b.qh[32 * h + l] >> (2 * c)) & 3u;
+          put_code(cu + size_t(e / 32) * L.block_bytes, 6, r, e % 32, lo | (hi << 4));
+        }
+        break;
+      }
+      default: fail("qmatmul: {} cannot be packed", dtype_name(w.type));
+    }
+  }
+}
+
+// Per-block weight scale a and offset b of row r (the order of operations is part of the
+// contract: the SIMD kernel computes the same products).
+struct BlockScale {
+  float a, b;
+};
+
+BlockScale block_scale(const QPacked& w, const uint8_t* su, int r, int blk, int half) {
+  switch (w.type) {
+    case DType::Q8_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -128.f}; }
+    case DType::Q4_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -8.f}; }
+    case DType::Q5_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -16.f}; }
+    case DType::Q4_K: {
+      const float d = f16_to_f32(f16s(su)[r]), dmin = f16_to_f32(f16s(su)[16 + r]);
+      return {d * float(su[64 + 16 * blk + r]), -(dmin * float(su[192 + 16 * blk + r]))};
+    }
+    case DType::Q6_K: {
+      const float a = f16_to_f32(f16s(su)[r]) * float(int8_t(su[32 + 16 * (2 * blk + half) + r]));
+      return {a, a * -32.f};
+    }
+    default: fail("qmatmul: {} cannot be packed", dtype_name(w.type));
+  }
+}
+
+std::atomic<int> g_exact{-1};
+
+}  // namespace
+
+bool qpack_supports(DType t, int64_t k) {
+  switch (t) {
+    case DType::Q8_0: case DType::Q4_0: case DType::Q5_0: return k > 0 && k % 32 == 0;
+    case DType::Q4_K: case DType::Q6_K: return k > 0 && k % 256 == 0;
+    default: return false;
+  }
+}
+
+std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k) {
+  MB_CHECK(qpack_supports(t, k), "qmatmul: {} rows of {} cannot be packed", dtype_name(t), k);
+  auto p = std::make_shared<QPacked>();
+  p->type = t;
+  p->m = m;
+  p->k = k;
+  p->groups = (m + kQRows - 1) / kQRows;
+  const CodeLayout L = layout_of(t);
+  p->unit = (t == DType::Q4_K || t == DType::Q6_K) ? 256 : 32;
+  p->block_codes = L.block_bytes;
+  p->unit_codes = L.block_bytes * size_t(p->unit / 32);
+  p->unit_scales = t == DType::Q4_K ? 320 : t == DType::Q6_K ? 288 : 32;
+  p->group_bytes = (size_t(p->units()) * (p->unit_codes + p->unit_scales) + 63) / 64 * 64;
+  const size_t total = p->bytes();
+  void* mem = std::aligned_alloc(64, std::max<size_t>(64, total));
+  MB_CHECK(mem != nullptr, "qmatmul: cannot allocate {} bytes for packed weights", total);
+  p->data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
+  const size_t row_bytes = dtype_row_bytes(t, k);
+  const uint8_t* src = static_cast<const uint8_t*>(w);
+  ThreadPool::global().parallel_for(p->groups, 1, [&](int64_t g0, int64_t g1) {
+    std::memset(p->data.get() + size_t(g0) * p->group_bytes, 0, size_t(g1 - g0) * p->group_bytes);
+    for (int64_t g = g0; g < g1; ++g)
+      for (int r = 0; r < kQRows && g * kQRows + r < m; ++r)
+        pack_row(*p, g, r, src + size_t(g * kQRows + r) * row_bytes);
+  });
+  return p;
+}
+
+void qunpack_row(const QPacked& w, int64_t row, float* out) {
+  const int64_t g = row / kQRows;
+  const int r = int(row % kQRows), bits = layout_of(w.type).bits;
+  for (int64_t u = 0; u < w.units(); ++u)
+    for (int e = 0; e < w.unit; ++e) {
+      const int blk = e / 32;
+      const BlockScale s = block_scale(w, w.scales(g, u), r, blk, (e % 32) / 16);
+      const unsigned c = get_code(w.codes(g, u) + size_t(blk) * w.block_codes, bits, r, e % 32);
+      out[u * w.unit + e] = s.a * float(c) + s.b;
+    }
+}
+
+void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) {
+  MB_CHECK(k % 32 == 0, "qmatmul: activation rows of {} are not whole 32-element blocks", k);
+  a.n = n;
+  a.k = k;
+  a.q.resize(size_t(n * k));
+  a.dx.resize(size_t(n * k / 32));
+  a.dsum32.resize(size_t(n * k / 32));
+  a.dsum16.resize(size_t(n * k / 16));
+  auto rows = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const float* xb = x + t * ldx + 32 * b;
+        float amax = 0.f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int8_t* q = a.q.data() + t * k + 32 * b;
+        int s[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) {
+          q[i] = int8_t(std::nearbyint(xb[i] * id));
+          s[i / 16] += q[i];
+        }
+        const size_t bi = size_t(t * (k / 32) + b);
+        a.dx[bi] = d;
+        a.dsum32[bi] = d * float(s[0] + s[1]);
+        a.dsum16[2 * bi] = d * float(s[0]);
+        a.dsum16[2 * bi + 1] = d * float(s[1]);
+      }
+  };
+  if (n * k < (int64_t(1) << 16)) rows(0, n);
+  else ThreadPool::global().parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 14) / k), rows);
+}
+
+void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0,
+                 int64_t t1) {
+  const int bits = layout_of(w.type).bits;
+  const int64_t nb = w.k / 32;
+  for (int64_t g = g0; g < g1; ++g)
+    for (int r = 0; r < kQRows && g * kQRows + r < w.m; ++r)
+      for (int64_t t = t0; t < t1; ++t) {
+        const int8_t* xq = x.qrow(t);
+        float acc = 0.f;
+        for (int64_t u = 0; u < w.units(); ++u)
+          for (int blk = 0; blk < w.unit / 32; ++blk) {
+            const int64_t kb = u * w.unit + 32 * blk, bi = t * nb + kb / 32;
+            const uint8_t* cb = w.codes(g, u) + size_t(blk) * w.block_codes;
+            const int halves = w.type == DType::Q6_K ? 2 : 1, len = 32 / halves;
+            for (int h = 0; h < halves; ++h) {
+              int32_t dot = 0;
+              for (int e = h * len; e < (h + 1) * len; ++e) dot += int32_t(get_code(cb, bits, r, e)) * xq[kb + e];
+              const BlockScale s = block_scale(w, w.scales(g, u), r, blk, h);
+              acc = std::fma(float(dot), s.a * x.dx[size_t(bi)], acc);
+              acc = std::fma(s.b, halves == 2 ? x.dsum16[size_t(2 * bi + h)] : x.dsum32[size_t(bi)], acc);
+            }
+          }
+        y[t * ldy + g * kQRows + r] = acc;
+      }
+}
+
+bool quant_matmul_exact() {
+  int v = g_exact.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("MARKBASE_QUANT_MATMUL");
+    v = env && std::string(env) == "exact" ? 1 : 0;
+    g_exact.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool set_quant_matmul_exact(bool exact) {
+  const bool prev = quant_matmul_exact();
+  g_exact.store(exact ? 1 : 0, std::memory_order_relaxed);
+  return prev;
+}
+
+QMatmulFn qmatmul_kernel() {
+  if (quant_matmul_exact() || kernels().isa != Isa::Avx512 || !cpu_has_avx512_vnni()) return nullptr;
+  return qmatmul_avx512();
+}
+
+void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+  thread_local QActs caller_acts;
+  QActs& acts = caller_acts;  // the lambda below runs on workers: name the caller's instance
+  quantize_acts(x, ldx, n, w.k, acts);
+  // Tasks of whole groups worth at least ~64 KB of weights x tokens; each runs all tokens.
+  const int64_t work = int64_t(w.group_bytes) * std::min<int64_t>(n, 16);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, work));
+  ThreadPool::global().parallel_for(w.groups, grain, [&](int64_t g0, int64_t g1) { fn(w, acts, y, ldy, g0, g1, 0, n); });
+}
+
+}  // namespace mb::cpu

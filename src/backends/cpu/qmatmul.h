@@ -1,0 +1,82 @@
+// Integer matmul for block-quantized weights, the CPU's default path for Q8_0, Q4_0, Q5_0, Q4_K and
+// Q6_K on CPUs with AVX-512 VNNI (as llama.cpp does, activations are quantized to 8 bits per
+// 32-element block; MARKBASE_QUANT_MATMUL=exact or set_quant_matmul_exact(true) selects the
+// f32-activation path instead, whose numbers equal the dequantized weights').
+//
+// Weights are repacked once at load, 16 rows to a group, so that one 64-byte vector holds 4
+// consecutive k of each of the 16 rows and one VPDPBUSD multiplies it by 4 broadcast activation
+// bytes: lanes are rows, and each lane's sum runs over k in order exactly like the scalar twin
+// (qmatmul_ref), so the SIMD result equals it bit for bit whatever the batch or thread count.
+//
+// Every weight w of a 32-element block (16 for Q6_K) is stored as an unsigned code c with
+// w = a·c + b; with x ≈ dx·q per activation block,
+//   y = Σ_blocks fma(float(Σ c·q), a·dx, ·) then fma(b, dx·Σq, ·)
+// (a, b per row and block: Q8_0 a = d, b = -128d; Q4_0 -8d; Q5_0 -16d; Q4_K a = d·sc, b = -dmin·m;
+// Q6_K a = d·sc, b = -32a).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace mb::cpu {
+
+constexpr int kQRows = 16;  // rows per packed group
+
+struct QPacked {
+  DType type = DType::F32;
+  int64_t m = 0, k = 0, groups = 0;
+  int unit = 0;                  // k per unit: 32, or 256 for the K types
+  size_t unit_codes = 0;         // bytes of codes per unit and group
+  size_t unit_scales = 0;        // bytes of scales per unit and group
+  size_t block_codes = 0;        // bytes of codes per 32-k block and group
+  size_t group_bytes = 0;        // codes of every unit, then their scales, padded to 64
+  std::shared_ptr<uint8_t> data;  // 64-byte aligned
+  int64_t units() const { return k / unit; }
+  const uint8_t* group(int64_t g) const { return data.get() + size_t(g) * group_bytes; }
+  const uint8_t* codes(int64_t g, int64_t u) const { return group(g) + size_t(u) * unit_codes; }
+  const uint8_t* scales(int64_t g, int64_t u) const {
+    return group(g) + size_t(units()) * unit_codes + size_t(u) * unit_scales;
+  }
+  size_t bytes() const { return size_t(groups) * group_bytes; }
+};
+
+// Whether `t` with rows of k elements can be packed.
+bool qpack_supports(DType t, int64_t k);
+// Packs m rows of k elements of type t (rows dtype_row_bytes(t, k) apart). Uses all cores.
+std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k);
+// Row r of the packed weights as f32: equals dequantize_row of the source row (tests).
+void qunpack_row(const QPacked& w, int64_t r, float* out);
+
+// Activations quantized per 32-element block: x ≈ dx·q, q in [-127, 127]; dsum32 = dx·Σq over the
+// block and dsum16 over each half (Q6_K's sub-blocks).
+struct QActs {
+  int64_t n = 0, k = 0;
+  std::vector<int8_t> q;  // [n][k]
+  std::vector<float> dx, dsum32, dsum16;  // [n][k/32], [n][k/32], [n][k/16]
+  const int8_t* qrow(int64_t t) const { return q.data() + t * k; }
+};
+// x [n, k] (rows ldx apart; k a multiple of 32) -> a.
+void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a);
+
+// y[t * ldy + r] for rows of groups [g0, g1) and tokens [t0, t1); rows past m are not written.
+using QMatmulFn = void (*)(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1,
+                           int64_t t0, int64_t t1);
+void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0,
+                 int64_t t1);
+// The AVX-512 VNNI kernel; null when this build or CPU lacks it.
+QMatmulFn qmatmul_avx512();
+// The kernel the integer path uses now: the AVX-512 VNNI one when the active kernel table is
+// AVX-512 and the CPU has VNNI, else null (the caller then takes the f32-activation path).
+QMatmulFn qmatmul_kernel();
+// Process-wide choice between the integer path (default) and the f32-activation path; the
+// default comes from MARKBASE_QUANT_MATMUL=int8|exact. Returns the previous setting.
+bool set_quant_matmul_exact(bool exact);
+bool quant_matmul_exact();
+
+// y[n, m] = x[n, k] · wᵀ over ThreadPool::global() with `fn`.
+void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy);
+
+}  // namespace mb::cpu

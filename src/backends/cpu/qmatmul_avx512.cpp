@@ -1,0 +1,170 @@
+// AVX-512 VNNI kernel of the integer matmul (qmatmul.h). This file alone is built with those flags;
+// qmatmul_kernel() calls it only after checking the CPU. Hand-written because no library has
+// kernels for GGUF's block formats.
+#include "backends/cpu/qmatmul.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace mb::cpu {
+namespace {
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+inline __mmask64 load_mask(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return _cvtu64_mask64(v);
+}
+
+// The 8 vectors of codes of one 32-k block (vector q: k = 4q..4q+3 of the 16 rows).
+template <DType T> inline void unpack(const uint8_t* cb, __m512i (&c)[8]) {
+  if constexpr (T == DType::Q8_0) {
+    for (int q = 0; q < 8; ++q) c[q] = _mm512_loadu_si512(cb + 64 * q);
+  } else {
+    const __m512i lo = _mm512_set1_epi8(0x0F);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_loadu_si512(cb + 64 * p);
+      c[2 * p] = _mm512_and_si512(v, lo);
+      c[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+    }
+    if constexpr (T == DType::Q5_0 || T == DType::Q6_K) {
+      const __m512i b4 = _mm512_set1_epi8(16);
+      for (int q = 0; q < 8; ++q) c[q] = _mm512_mask_add_epi8(c[q], load_mask(cb + 256 + 8 * q), c[q], b4);
+    }
+    if constexpr (T == DType::Q6_K) {
+      const __m512i b5 = _mm512_set1_epi8(32);
+      for (int q = 0; q < 8; ++q) c[q] = _mm512_mask_add_epi8(c[q], load_mask(cb + 320 + 8 * q), c[q], b5);
+    }
+  }
+}
+
+// Σ c·q over quads [q0, q1) as two independent VPDPBUSD chains.
+template <int Q0, int Q1> inline __m512i dot(const __m512i (&c)[8], const int8_t* xq) {
+  __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+  for (int q = Q0; q < Q1; q += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, c[q], bcast4(xq + 4 * q));
+    s1 = _mm512_dpbusd_epi32(s1, c[q + 1], bcast4(xq + 4 * q + 4));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+
+inline __m512 f16x16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 u8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 i8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// acc = fma(float(dot), a·dx, acc); acc = fma(b, dsum, acc): the scalar twin's order.
+inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, float dsum) {
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(dx)), acc);
+  return _mm512_fmadd_ps(b, _mm512_set1_ps(dsum), acc);
+}
+
+// Bytes ahead of the codes being read that each block prefetches.
+constexpr size_t kPrefetch = 2048;
+
+template <DType T, int NT>
+void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
+  const int64_t nb = w.k / 32;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  const int8_t* xr[NT];
+  for (int t = 0; t < NT; ++t) xr[t] = x.qrow(tb + t);
+  for (int64_t u = 0; u < w.units(); ++u) {
+    const uint8_t* cu = w.codes(g, u);
+    const uint8_t* su = w.scales(g, u);
+    __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+    if constexpr (T == DType::Q4_K) {
+      d = f16x16(su);
+      dmin = f16x16(su + 32);
+    } else if constexpr (T == DType::Q6_K) {
+      d = f16x16(su);
+    }
+    for (int blk = 0; blk < w.unit / 32; ++blk) {
+      const uint8_t* cb = cu + size_t(blk) * w.block_codes;
+      for (size_t off = 0; off < w.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
+      __m512i c[8];
+      unpack<T>(cb, c);
+      const int64_t kb = u * w.unit + 32 * blk, bi = kb / 32;
+      if constexpr (T == DType::Q6_K) {
+        for (int h = 0; h < 2; ++h) {
+          const __m512 a = _mm512_mul_ps(d, i8x16(su + 32 + 16 * (2 * blk + h)));
+          const __m512 b = _mm512_mul_ps(a, _mm512_set1_ps(-32.f));
+          for (int t = 0; t < NT; ++t) {
+            const __m512i s = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
+            const size_t xi = size_t((tb + t) * nb + bi);
+            acc[t] = accumulate(acc[t], s, a, b, x.dx[xi], x.dsum16[2 * xi + size_t(h)]);
+          }
+        }
+      } else {
+        __m512 a, b;
+        if constexpr (T == DType::Q4_K) {
+          a = _mm512_mul_ps(d, u8x16(su + 64 + 16 * blk));
+          b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))),
+                                                   _mm512_set1_epi32(int32_t(0x80000000u))));
+        } else {
+          a = f16x16(su);
+          constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
+          b = _mm512_mul_ps(a, _mm512_set1_ps(off));
+        }
+        for (int t = 0; t < NT; ++t) {
+          const size_t xi = size_t((tb + t) * nb + bi);
+          acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), a, b, x.dx[xi], x.dsum32[xi]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
+}
+
+template <DType T>
+void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  constexpr int TT = 4;
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t valid = std::min<int64_t>(kQRows, w.m - g * kQRows);
+    const __mmask16 rows = __mmask16((1u << valid) - 1u);
+    int64_t t = t0;
+    for (; t + TT <= t1; t += TT) group_tokens<T, TT>(w, x, g, t, y, ldy, rows);
+    switch (t1 - t) {
+      case 3: group_tokens<T, 3>(w, x, g, t, y, ldy, rows); break;
+      case 2: group_tokens<T, 2>(w, x, g, t, y, ldy, rows); break;
+      case 1: group_tokens<T, 1>(w, x, g, t, y, ldy, rows); break;
+      default: break;
+    }
+  }
+}
+
+void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  switch (w.type) {
+    case DType::Q8_0: return kernel_t<DType::Q8_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q4_0: return kernel_t<DType::Q4_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q5_0: return kernel_t<DType::Q5_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q4_K: return kernel_t<DType::Q4_K>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q6_K: return kernel_t<DType::Q6_K>(w, x, y, ldy, g0, g1, t0, t1);
+    default: return qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
+  }
+}
+
+}  // namespace
+
+QMatmulFn qmatmul_avx512() { return kernel; }
+
+}  // namespace mb::cpu
+
+#else
+
+namespace mb::cpu {
+QMatmulFn qmatmul_avx512() { return nullptr; }
+}  // namespace mb::cpu
+
+#endif

@@ -1,0 +1,182 @@
+// The integer matmul of block-quantized weights (backends/cpu/qmatmul.*): packing is lossless, the
+// AVX-512 VNNI kernel equals its scalar twin bit for bit, and both stay within the rounding of
+// 8-bit activations of the exact f32 result.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/qmatmul.h"
+#include "core/quant.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using mb::DType;
+
+const DType kTypes[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K};
+
+struct QuantMatrix {
+  int64_t m, k;
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // the dequantized rows
+};
+
+// Rows of mixed scale (one row of zeros, one with an outlier) quantized to t.
+QuantMatrix make_matrix(DType t, int64_t m, int64_t k, std::mt19937& rng) {
+  QuantMatrix q{m, k, {}, {}};
+  const size_t rb = mb::dtype_row_bytes(t, k);
+  q.bytes.resize(rb * size_t(m));
+  q.deq.resize(size_t(m * k));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t r = 0; r < m; ++r) {
+    const float scale = r == 1 ? 0.f : std::exp(nd(rng));
+    for (auto& v : row) v = scale * nd(rng);
+    if (r == 2) row[5] = 40.f;
+    mb::quantize_row(t, row.data(), q.bytes.data() + size_t(r) * rb, k);
+    mb::dequantize_row(t, q.bytes.data() + size_t(r) * rb, q.deq.data() + r * k, k);
+  }
+  return q;
+}
+
+std::vector<float> make_x(int64_t n, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(n * k));
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < k; ++i) x[size_t(i)] = 0.f;  // token 0: all zeros (scale 0)
+  if (n > 1) x[size_t(k + 3)] = 1e4f;                // token 1: one huge value
+  return x;
+}
+
+TEST(QMatmul, PackingIsLossless) {
+  std::mt19937 rng(1);
+  for (DType t : kTypes) {
+    const int64_t m = 37, k = 512;  // a partial last group
+    QuantMatrix q = make_matrix(t, m, k, rng);
+    auto p = mb::cpu::qpack(t, q.bytes.data(), m, k);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < m; ++r) {
+      mb::cpu::qunpack_row(*p, r, row.data());
+      for (int64_t i = 0; i < k; ++i) ASSERT_EQ(row[size_t(i)], q.deq[size_t(r * k + i)]) << mb::dtype_name(t) << " row " << r << " k " << i;
+    }
+  }
+  EXPECT_FALSE(mb::cpu::qpack_supports(DType::Q4_K, 640));  // K types need whole 256-blocks
+  EXPECT_TRUE(mb::cpu::qpack_supports(DType::Q5_0, 640));
+  EXPECT_FALSE(mb::cpu::qpack_supports(DType::BF16, 640));
+}
+
+TEST(QMatmul, ActivationsRoundTo8BitsPerBlock) {
+  std::mt19937 rng(2);
+  const int64_t n = 3, k = 96;
+  auto x = make_x(n, k, rng);
+  mb::cpu::QActs a;
+  mb::cpu::quantize_acts(x.data(), k, n, k, a);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const float d = a.dx[size_t(t * (k / 32) + i / 32)];
+      EXPECT_LE(std::fabs(d * a.qrow(t)[i] - x[size_t(t * k + i)]), 0.5f * d * 1.0001f + 1e-30f);
+    }
+  EXPECT_EQ(a.dx[0], 0.f);  // an all-zero block has scale 0, no NaN
+}
+
+TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
+  std::mt19937 rng(3);
+  for (DType t : kTypes) {
+    const int64_t m = 40, k = 768, n = 3;
+    QuantMatrix q = make_matrix(t, m, k, rng);
+    auto p = mb::cpu::qpack(t, q.bytes.data(), m, k);
+    auto x = make_x(n, k, rng);
+    x[size_t(k + 3)] = 3.f;  // no outlier here: bound the error by the 8-bit rounding of x
+    mb::cpu::QActs a;
+    mb::cpu::quantize_acts(x.data(), k, n, k, a);
+    std::vector<float> y(size_t(n * m));
+    mb::cpu::qmatmul_ref(*p, a, y.data(), m, 0, p->groups, 0, n);
+    for (int64_t tt = 0; tt < n; ++tt)
+      for (int64_t r = 0; r < m; ++r) {
+        double exact = 0, bound = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double w = q.deq[size_t(r * k + i)];
+          exact += w * x[size_t(tt * k + i)];
+          bound += std::fabs(w) * 0.5 * a.dx[size_t(tt * (k / 32) + i / 32)];
+        }
+        const float got = y[size_t(tt * m + r)];
+        ASSERT_TRUE(std::isfinite(got));
+        EXPECT_LE(std::fabs(got - exact), bound * 1.01 + 1e-4) << mb::dtype_name(t) << " row " << r << " token " << tt;
+      }
+  }
+}
+
+TEST(QMatmul, Avx512VnniEqualsScalarTwinBitForBit) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
+  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
+  std::mt19937 rng(4);
+  for (DType t : kTypes)
+    for (int64_t n : {1, 2, 3, 4, 5, 9}) {
+      const int64_t m = 53, k = 512;
+      QuantMatrix q = make_matrix(t, m, k, rng);
+      auto p = mb::cpu::qpack(t, q.bytes.data(), m, k);
+      auto x = make_x(n, k, rng);
+      mb::cpu::QActs a;
+      mb::cpu::quantize_acts(x.data(), k, n, k, a);
+      std::vector<float> want(size_t(n * m), -1.f), got(size_t(n * m), -1.f);
+      mb::cpu::qmatmul_ref(*p, a, want.data(), m, 0, p->groups, 0, n);
+      fn(*p, a, got.data(), m, 0, p->groups, 0, n);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i]));
+        ASSERT_EQ(got[i], want[i]) << mb::dtype_name(t) << " n " << n << " at " << i;
+      }
+      // The threaded driver (tokens quantized again inside) gives the same numbers.
+      std::vector<float> drv(size_t(n * m), -1.f);
+      mb::cpu::qmatmul(fn, *p, x.data(), k, n, drv.data(), m);
+      ASSERT_EQ(drv, want) << mb::dtype_name(t) << " n " << n;
+    }
+}
+
+// Through the backend: a packed weight takes the integer path by default and the f32-activation
+// path when asked, and its rows stay readable for lookups.
+TEST(QMatmul, BackendSwitchesBetweenIntegerAndExactPaths) {
+  std::mt19937 rng(5);
+  auto be = mb::make_cpu_backend();
+  const int64_t m = 48, k = 256, n = 2;
+  QuantMatrix q = make_matrix(DType::Q4_0, m, k, rng);
+  mb::Tensor src;
+  src.dtype = DType::Q4_0;
+  src.shape = {m, k};
+  src.data = q.bytes.data();
+  mb::Tensor w = be->prepare_weight(src, DType::Q4_0, mb::Backend::WeightUse::MatmulAndLookup);
+  ASSERT_TRUE(w.packed != nullptr);
+  EXPECT_EQ(be->prepare_weight(src, DType::Q4_0, mb::Backend::WeightUse::Lookup).packed, nullptr);
+  auto xv = make_x(n, k, rng);
+  mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
+  std::copy(xv.begin(), xv.end(), x.f32());
+  mb::Tensor y = mb::host_tensor(DType::F32, {n, m});
+  const bool prev = mb::cpu::set_quant_matmul_exact(true);
+  be->matmul(x, w, y);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < m; ++r) {
+      double exact = 0;
+      for (int64_t i = 0; i < k; ++i) exact += double(q.deq[size_t(r * k + i)]) * xv[size_t(t * k + i)];
+      EXPECT_NEAR(y.f32()[t * m + r], exact, 1e-3 * (1 + std::fabs(exact)));
+    }
+  mb::cpu::set_quant_matmul_exact(false);
+  be->matmul(x, w, y);
+  if (mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel()) {
+    mb::cpu::QActs a;
+    mb::cpu::quantize_acts(xv.data(), k, n, k, a);
+    std::vector<float> want(size_t(n * m));
+    mb::cpu::qmatmul_ref(*std::static_pointer_cast<const mb::cpu::QPacked>(w.packed), a, want.data(), m, 0,
+                         (m + 15) / 16, 0, n);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.f32()[i], want[i]);
+  }
+  mb::cpu::set_quant_matmul_exact(prev);
+  std::vector<int32_t> ids = {7, 0};
+  mb::Tensor e = mb::host_tensor(DType::F32, {2, k});
+  be->embed(w, ids.data(), 2, 1.f, e);
+  for (int64_t i = 0; i < k; ++i) EXPECT_EQ(e.f32()[i], q.deq[size_t(7 * k + i)]);
+}
+
+}  // namespace
