@@ -5,6 +5,8 @@
 //                                  measured by MemBw (1 GiB sum, as `markbase bench --membw`)
 //   Gemm/<isa>/<dtype>/n:<tokens>  prefill matmul 6144 x 1536; GFLOPS = 2 n k m per second
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
+//   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
+//                                  (AVX-512 VNNI); bytes are the packed weight bytes
 //   ParallelFor/<n>                cost of one near-empty region of the thread pool
 // Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
 //
@@ -21,6 +23,8 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/qmatmul.h"
+#include "core/quant.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 
@@ -136,6 +140,43 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
   state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k) {
+  [[maybe_unused]] static const bool measured = measure_membw();
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
+  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) {
+    state.SkipWithError("no AVX-512 VNNI");
+    return;
+  }
+  static std::vector<std::pair<std::string, std::vector<std::shared_ptr<const mb::cpu::QPacked>>>> cache;
+  const std::string key = std::string(mb::dtype_name(dt)) + std::to_string(m) + "x" + std::to_string(k);
+  std::vector<std::shared_ptr<const mb::cpu::QPacked>>* set = nullptr;
+  for (auto& [k2, v] : cache)
+    if (k2 == key) set = &v;
+  if (!set) {
+    mb::Tensor f = random_tensor(DType::F32, {m, k}, 21);
+    std::vector<uint8_t> q(mb::dtype_row_bytes(dt, k) * size_t(m));
+    mb::ThreadPool::global().parallel_for(m, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) mb::quantize_row(dt, f.f32() + r * k, q.data() + size_t(r) * mb::dtype_row_bytes(dt, k), k);
+    });
+    cache.emplace_back(key, std::vector<std::shared_ptr<const mb::cpu::QPacked>>{});
+    set = &cache.back().second;
+    do set->push_back(mb::cpu::qpack(dt, q.data(), m, k));
+    while (set->size() * set->front()->bytes() < kRotateBytes);
+  }
+  mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
+  size_t next = 0;
+  for (auto _ : state) {
+    const mb::cpu::QPacked& w = *(*set)[next++ % set->size()];
+    mb::cpu::qmatmul(fn, w, x.f32(), k, n, y.f32(), m);
+    benchmark::DoNotOptimize(y.f32());
+  }
+  const double wbytes = double(set->front()->bytes());
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(wbytes));
+  state.counters["GFLOPS"] = benchmark::Counter(2.0 * double(n * m * k) * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
+  if (g_membw_bytes_per_s > 0)
+    state.counters["of_membw"] = benchmark::Counter(wbytes * double(state.iterations()) / g_membw_bytes_per_s, benchmark::Counter::kIsRate);
+}
+
 void ParallelFor(benchmark::State& state) {
   auto& pool = mb::ThreadPool::global();
   const int64_t n = state.range(0);
@@ -170,6 +211,11 @@ bool register_all() {
                                    [=](benchmark::State& s) { Attention(s, isa, c.n, c.ctx, c.window); })
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
+  for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K})
+    for (int64_t n : {1, 2, 8, 64, 512})
+      benchmark::RegisterBenchmark(("QMatmul/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
+                                   [=](benchmark::State& s) { QMatmul(s, dt, n, 8192, 2048); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("ParallelFor", ParallelFor)->Arg(2)->Arg(64)->UseRealTime();
   return true;
 }

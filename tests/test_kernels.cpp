@@ -14,6 +14,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "core/quant.h"
 #include "core/thread_pool.h"
 
 namespace {
@@ -127,6 +128,30 @@ TEST(KernelMatmul, EveryPathMatchesTheFmaChain) {
             }
           }
       }
+    }
+  }
+}
+
+// Block-quantized weights on the GEMM path: panels dequantized exactly, then the same fma chain.
+TEST(KernelMatmul, BlockWeightsMatchTheFmaChainOverDequantizedRows) {
+  std::mt19937 rng(7);
+  for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_1, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const int64_t n = 37, m = 29, k = mb::dtype_block_size(dt) == 256 ? 768 : 608;  // a partial KC panel
+    auto x = randn(size_t(n * k), rng);
+    auto f = randn(size_t(m * k), rng);
+    const size_t rb = mb::dtype_row_bytes(dt, k);
+    std::vector<uint8_t> w(rb * size_t(m));
+    for (int64_t r = 0; r < m; ++r) mb::quantize_row(dt, f.data() + r * k, w.data() + size_t(r) * rb, k);
+    std::vector<float> ref(size_t(n * m));
+    mb::cpu::matmul_ref(x.data(), n, k, dt, w.data(), m, ref.data());
+    for (Isa isa : paths()) {
+      UseIsa u(isa);
+      if (!mb::cpu::matmul_blocks_supported(n)) continue;
+      std::vector<float> y(size_t(n * m) + 1, -7.f);
+      mb::cpu::matmul(x.data(), k, n, k, dt, w.data(), rb, m, y.data(), m);
+      EXPECT_EQ(y.back(), -7.f) << "wrote past y";
+      for (size_t i = 0; i + 1 < y.size(); ++i)
+        ASSERT_TRUE(same_bits(y[i], ref[i])) << mb::cpu::isa_name(isa) << " " << mb::dtype_name(dt) << " at " << i;
     }
   }
 }

@@ -308,6 +308,10 @@ class CpuBackend final : public Backend {
       }
     }
     const size_t row_bytes = dtype_row_bytes(w.dtype, k);
+    if (cpu::matmul_blocks_supported(n)) {
+      cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, row_bytes, m, y.f32(), m);
+      return;
+    }
     const uint8_t* wbase = static_cast<const uint8_t*>(w.data);
     const float* xp = x.f32();
     float* yp = y.f32();

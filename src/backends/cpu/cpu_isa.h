@@ -12,7 +12,8 @@ namespace mb::cpu {
 enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 // Weight element types the kernels widen to f32 (values match nothing outside this header).
-enum class WType : int { F32 = 0, BF16 = 1, F16 = 2 };
+// Block: a block-quantized type, widened through MatArgs::dequant (GEMM only).
+enum class WType : int { F32 = 0, BF16 = 1, F16 = 2, Block = 3 };
 
 // y[t * ldy + r] = Σ_k x[t * ldx + k] · w[r][k] for tokens t < n, rows r in the task's range.
 struct MatArgs {
@@ -24,6 +25,10 @@ struct MatArgs {
   size_t w_stride;  // bytes between weight rows
   float* y;
   int64_t ldy;
+  // WType::Block: rows of `block`-element blocks of `block_bytes`, turned into f32 by `dequant`.
+  void (*dequant)(const void* src, float* dst, int64_t n) = nullptr;
+  int64_t block = 1;
+  size_t block_bytes = 0;
 };
 
 // One sequence's causal attention; see Backend::attention for the contract.

@@ -1,6 +1,7 @@
 // Kernel dispatch, the scalar kernel table, and the parallel drivers. Compiled for the baseline
 // x86-64 target like the rest of the library: nothing here may assume AVX.
 #include "backends/cpu/cpu_kernels.h"
+#include "core/quant.h"
 
 #include <algorithm>
 #include <atomic>
@@ -261,6 +262,32 @@ WType wtype(DType t) {
   }
 }
 
+namespace {
+
+template <DType T> void dequant_as(const void* src, float* dst, int64_t n) { dequantize_row(T, src, dst, n); }
+
+using DequantFn = void (*)(const void*, float*, int64_t);
+DequantFn dequant_fn(DType t) {
+  switch (t) {
+    case DType::Q8_0: return dequant_as<DType::Q8_0>;
+    case DType::Q4_0: return dequant_as<DType::Q4_0>;
+    case DType::Q4_1: return dequant_as<DType::Q4_1>;
+    case DType::Q5_0: return dequant_as<DType::Q5_0>;
+    case DType::Q5_1: return dequant_as<DType::Q5_1>;
+    case DType::Q4_K: return dequant_as<DType::Q4_K>;
+    case DType::Q5_K: return dequant_as<DType::Q5_K>;
+    case DType::Q6_K: return dequant_as<DType::Q6_K>;
+    default: fail("cpu kernels: no dequantizer for {}", dtype_name(t));
+  }
+}
+
+}  // namespace
+
+bool matmul_blocks_supported(int64_t n) {
+  const KernelTable& K = kernels();
+  return K.gemm && n > K.gemv_max_tokens;
+}
+
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
             int64_t m, float* y, int64_t ldy) {
   if (n <= 0 || m <= 0) return;
@@ -269,10 +296,18 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
     return;
   }
   const KernelTable& K = kernels();
-  const MatArgs a{x, ldx, n, k, m, w, wtype(wt), w_stride, y, ldy};
+  MatArgs a{x, ldx, n, k, m, w, WType::Block, w_stride, y, ldy};
+  if (dtype_is_quantized(wt)) {
+    MB_CHECK(matmul_blocks_supported(n), "cpu matmul: {} weights need the GEMM path ({} tokens)", dtype_name(wt), n);
+    a.dequant = dequant_fn(wt);
+    a.block = dtype_block_size(wt);
+    a.block_bytes = dtype_block_bytes(wt);
+  } else {
+    a.wt = wtype(wt);
+  }
   ThreadPool& pool = ThreadPool::global();
-  const int64_t row_bytes = k * int64_t(wsize(a.wt));
   if (!K.gemm || n <= K.gemv_max_tokens) {
+    const int64_t row_bytes = k * int64_t(wsize(a.wt));
     // Chunks of whole 16-row groups worth at least 64 KB of weights x tokens (up to 8): smaller
     // matmuls stay on the calling thread, where a wake-up would cost more than the work.
     constexpr int64_t unit = 16;
@@ -352,9 +387,12 @@ float dot_f32_ref(const float* a, const float* b, int64_t n) {
 
 void matmul_ref(const float* x, int64_t n, int64_t k, DType wt, const void* w, int64_t m, float* y) {
   std::vector<float> row(static_cast<size_t>(k));
-  const size_t stride = size_t(k) * wsize(wtype(wt));
+  const bool blocks = dtype_is_quantized(wt);
+  const size_t stride = blocks ? dtype_row_bytes(wt, k) : size_t(k) * wsize(wtype(wt));
   for (int64_t r = 0; r < m; ++r) {
-    s_to_f32(wtype(wt), static_cast<const uint8_t*>(w) + size_t(r) * stride, row.data(), k);
+    const uint8_t* src = static_cast<const uint8_t*>(w) + size_t(r) * stride;
+    if (blocks) dequantize_row(wt, src, row.data(), k);
+    else s_to_f32(wtype(wt), src, row.data(), k);
     for (int64_t t = 0; t < n; ++t) {
       float acc = 0.f;
       for (int64_t i = 0; i < k; ++i) acc = std::fma(x[t * k + i], row[size_t(i)], acc);

@@ -25,9 +25,11 @@ bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);
 
 // Parallel drivers over ThreadPool::global() with the active table.
-// y[n, m] = x[n, k] · w[m, k]ᵀ; x rows ldx floats apart, y rows ldy apart.
+// y[n, m] = x[n, k] · w[m, k]ᵀ; x rows ldx floats apart, y rows ldy apart. Block-quantized w
+// (dequantized panel by panel into the f32 GEMM) only where matmul_blocks_supported(n).
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
             int64_t m, float* y, int64_t ldy);
+bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
 

@@ -64,8 +64,8 @@ const uint16_t* f16s(const uint8_t* p) { return reinterpret_cast<const uint16_t*
 void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
   const CodeLayout L = layout_of(w.type);
   uint8_t* gp = w.data.get() + size_t(g) * w.group_bytes;
-  auto codes = [&](int64_t u) { return gp + size_t(u) * w.unit_codes; };
-  auto scales = [&](int64_t u) { return gp + size_t(w.units()) * w.unit_codes + size_t(u) * w.unit_scales; };
+  auto codes = [&](int64_t u) { return gp + w.scales_bytes + size_t(u) * w.unit_codes; };
+  auto scales = [&](int64_t u) { return gp + size_t(u) * w.unit_scales; };
   for (int64_t u = 0; u < w.units(); ++u) {
     uint8_t* cu = codes(u);
     uint8_t* su = scales(u);
@@ -178,7 +178,8 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   p->block_codes = L.block_bytes;
   p->unit_codes = L.block_bytes * size_t(p->unit / 32);
   p->unit_scales = t == DType::Q4_K ? 320 : t == DType::Q6_K ? 288 : 32;
-  p->group_bytes = (size_t(p->units()) * (p->unit_codes + p->unit_scales) + 63) / 64 * 64;
+  p->scales_bytes = (size_t(p->units()) * p->unit_scales + 63) / 64 * 64;
+  p->group_bytes = p->scales_bytes + size_t(p->units()) * p->unit_codes;
   const size_t total = p->bytes();
   void* mem = std::aligned_alloc(64, std::max<size_t>(64, total));
   MB_CHECK(mem != nullptr, "qmatmul: cannot allocate {} bytes for packed weights", total);

@@ -32,14 +32,14 @@ struct QPacked {
   size_t unit_codes = 0;         // bytes of codes per unit and group
   size_t unit_scales = 0;        // bytes of scales per unit and group
   size_t block_codes = 0;        // bytes of codes per 32-k block and group
-  size_t group_bytes = 0;        // codes of every unit, then their scales, padded to 64
+  size_t scales_bytes = 0;       // scales of every unit of a group, padded to 64
+  size_t group_bytes = 0;        // the scales, then the codes of every unit
   std::shared_ptr<uint8_t> data;  // 64-byte aligned
+  // A group is one contiguous read, so decode streams the matrix front to back.
   int64_t units() const { return k / unit; }
   const uint8_t* group(int64_t g) const { return data.get() + size_t(g) * group_bytes; }
-  const uint8_t* codes(int64_t g, int64_t u) const { return group(g) + size_t(u) * unit_codes; }
-  const uint8_t* scales(int64_t g, int64_t u) const {
-    return group(g) + size_t(units()) * unit_codes + size_t(u) * unit_scales;
-  }
+  const uint8_t* scales(int64_t g, int64_t u) const { return group(g) + size_t(u) * unit_scales; }
+  const uint8_t* codes(int64_t g, int64_t u) const { return group(g) + scales_bytes + size_t(u) * unit_codes; }
   size_t bytes() const { return size_t(groups) * group_bytes; }
 };
 
