@@ -608,7 +608,7 @@ void GgufWriter::set(const std::string& key, GgufValue v) {
   kv_.emplace_back(key, std::move(v));
 }
 
-void GgufWriter::add_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data) {
+size_t GgufWriter::check_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
   MB_CHECK(!name.empty() && name.size() < 64, "GGUF tensor name '{}' must have 1 to 63 bytes (llama.cpp's limit)",
            name);
   for (auto& t : tensors_) MB_CHECK(t.name != name, "GGUF tensor '{}' added twice", name);
@@ -620,17 +620,36 @@ void GgufWriter::add_tensor(const std::string& name, DType dtype, const std::vec
   for (int64_t d : shape) MB_CHECK(d >= 0, "GGUF tensor '{}' has a negative dimension", name);
   MB_CHECK(t.cols() % dtype_block_size(dtype) == 0, "GGUF tensor '{}': rows of {} elements are not whole {} blocks",
            name, t.cols(), dtype_name(dtype));
-  PendingTensor p{name, {}, dtype, {}};
+  return t.nbytes();
+}
+
+void GgufWriter::add_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data) {
+  const size_t n = check_tensor(name, dtype, shape);
+  PendingTensor p{name, {}, dtype, {}, nullptr, n};
   p.ne.assign(shape.rbegin(), shape.rend());
   const uint8_t* b = static_cast<const uint8_t*>(data);
-  p.data.assign(b, b + t.nbytes());
+  p.owned.assign(b, b + n);
+  p.data = p.owned.data();
   tensors_.push_back(std::move(p));
 }
 
-std::string GgufWriter::bytes() const {
+void GgufWriter::add_tensor_view(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                 const void* data) {
+  const size_t n = check_tensor(name, dtype, shape);
+  PendingTensor p{name, {}, dtype, {}, static_cast<const uint8_t*>(data), n};
+  p.ne.assign(shape.rbegin(), shape.rend());
+  tensors_.push_back(std::move(p));
+}
+
+uint64_t GgufWriter::alignment() const {
   uint64_t alignment = kDefaultAlignment;
   for (auto& [k, v] : kv_)
     if (k == "general.alignment") alignment = v.bits;
+  return alignment;
+}
+
+std::string GgufWriter::header() const {
+  const uint64_t alignment = this->alignment();
   std::string out;
   append_pod<uint32_t>(out, kMagic);
   append_pod<uint32_t>(out, 3);
@@ -648,21 +667,33 @@ std::string GgufWriter::bytes() const {
     for (uint64_t ne : t.ne) append_pod<uint64_t>(out, ne);
     append_pod<uint32_t>(out, dtype_to_ggml_type(t.dtype));
     append_pod<uint64_t>(out, offset);
-    offset += align_up(t.data.size(), alignment);
+    offset += align_up(t.nbytes, alignment);
   }
   out.resize(size_t(align_up(out.size(), alignment)), '\0');
+  return out;
+}
+
+std::string GgufWriter::bytes() const {
+  const uint64_t alignment = this->alignment();
+  std::string out = header();
   for (auto& t : tensors_) {
-    append(out, t.data.data(), t.data.size());
+    append(out, t.data, t.nbytes);
     out.resize(size_t(align_up(out.size(), alignment)), '\0');
   }
   return out;
 }
 
 void GgufWriter::write(const std::string& path) const {
-  const std::string b = bytes();
+  const uint64_t alignment = this->alignment();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   MB_CHECK(out.good(), "cannot create {}", path);
-  out.write(b.data(), std::streamsize(b.size()));
+  const std::string h = header();
+  out.write(h.data(), std::streamsize(h.size()));
+  const std::string zeros(size_t(alignment), '\0');
+  for (auto& t : tensors_) {
+    out.write(reinterpret_cast<const char*>(t.data), std::streamsize(t.nbytes));
+    out.write(zeros.data(), std::streamsize(align_up(t.nbytes, alignment) - t.nbytes));
+  }
   out.close();
   MB_CHECK(out.good(), "error writing {}", path);
 }

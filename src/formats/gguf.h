@@ -132,6 +132,9 @@ class GgufWriter {
   void set(const std::string& key, GgufValue v);  // replaces an existing key in place
   // `shape` in PyTorch order; `data` holds Tensor-layout bytes and is copied.
   void add_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data);
+  // The same without the copy: `data` must stay valid and unchanged until write()/bytes() return.
+  void add_tensor_view(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* data);
+  // Streams the header, then each tensor's bytes straight from where they are held.
   void write(const std::string& path) const;
   std::string bytes() const;
 
@@ -140,8 +143,13 @@ class GgufWriter {
     std::string name;
     std::vector<uint64_t> ne;
     DType dtype;
-    std::vector<uint8_t> data;
+    std::vector<uint8_t> owned;
+    const uint8_t* data = nullptr;  // owned.data() or the caller's bytes
+    size_t nbytes = 0;
   };
+  size_t check_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
+  uint64_t alignment() const;
+  std::string header() const;  // everything before the tensor data, padded to the alignment
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::vector<PendingTensor> tensors_;
 };

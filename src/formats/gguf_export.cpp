@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -97,10 +98,10 @@ void model_metadata(const ModelConfig& c, GgufWriter& w) {
 
 // tokenizer.json (BPE + merges) -> tokenizer.ggml.*: ids, "a b" merges, and token types
 // (special added tokens are Control, other added tokens UserDefined, <0xXX> Byte, the rest Normal).
-void tokenizer_metadata(const std::string& dir, const ModelConfig& c, GgufWriter& w) {
-  fs::path p = fs::path(dir) / "tokenizer.json";
-  if (!fs::exists(p)) return;
+// Returns the number of tokens.
+size_t tokenizer_metadata(const fs::path& p, const ModelConfig& c, GgufWriter& w) {
   std::ifstream in(p);
+  MB_CHECK(in.good(), "cannot read {}", p.string());
   nlohmann::json j = nlohmann::json::parse(in);
   const auto& vocab = j.at("model").at("vocab");
   std::vector<std::string> tokens(vocab.size());
@@ -112,19 +113,26 @@ void tokenizer_metadata(const std::string& dir, const ModelConfig& c, GgufWriter
   std::vector<int64_t> types(tokens.size(), 1);
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i].size() == 6 && tokens[i].rfind("<0x", 0) == 0 && tokens[i].back() == '>') types[i] = 6;
-  for (auto& t : j.value("added_tokens", nlohmann::json::array())) {
-    const int64_t id = t.at("id").get<int64_t>();
-    if (id >= 0 && size_t(id) < types.size()) types[size_t(id)] = t.value("special", false) ? 3 : 4;
-  }
+  if (auto it = j.find("added_tokens"); it != j.end())
+    for (auto& t : *it) {
+      const int64_t id = t.at("id").get<int64_t>();
+      if (id >= 0 && size_t(id) < types.size()) types[size_t(id)] = t.value("special", false) ? 3 : 4;
+    }
+  const size_t n_tokens = tokens.size();
   std::vector<std::string> merges;
-  for (auto& m : j.at("model").value("merges", nlohmann::json::array()))
-    merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
+  if (auto it = j.at("model").find("merges"); it != j.at("model").end())
+    for (auto& m : *it)
+      merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
   // A BPE vocabulary with merges: llama.cpp calls Gemma 4's "gemma4"; ours reads either.
   w.set("tokenizer.ggml.model", GgufValue::make_string(c.family == "gemma4" ? "gemma4" : "gpt2"));
   w.set("tokenizer.ggml.tokens", GgufValue::make_string_array(std::move(tokens)));
   w.set("tokenizer.ggml.token_type", GgufValue::make_int_array(GgufType::I32, types));
   w.set("tokenizer.ggml.merges", GgufValue::make_string_array(std::move(merges)));
   w.set("tokenizer.ggml.add_bos_token", GgufValue::make_bool(true));
+  return n_tokens;
+}
+
+void chat_template_metadata(const std::string& dir, GgufWriter& w) {
   for (const char* f : {"chat_template.jinja"}) {
     if (!fs::exists(fs::path(dir) / f)) continue;
     std::ifstream t(fs::path(dir) / f);
@@ -177,7 +185,7 @@ DType gguf_tensor_type(QuantType q, const std::string& name, const std::vector<i
 }
 
 void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
-                 const std::function<void(const ExportProgress&)>& progress) {
+                 const std::function<void(const ExportProgress&)>& progress, const std::string& tokenizer_json) {
   const ModelConfig& c = ck.config;
   GgufWriter w;
   // (GGUF name, registry entry) of every text-decoder tensor.
@@ -193,7 +201,16 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
   } else {
     MB_CHECK(c.family == "gemma3" || c.family == "gemma4", "GGUF export supports gemma3 and gemma4, not {}", c.family);
     model_metadata(c, w);
-    tokenizer_metadata(ck.path, c, w);
+    if (!tokenizer_json.empty()) {
+      MB_CHECK(fs::is_regular_file(tokenizer_json), "tokenizer file {} does not exist", tokenizer_json);
+      // llama.cpp sizes the vocabulary by the token list and requires token_embd to match.
+      const size_t n_tokens = tokenizer_metadata(tokenizer_json, c, w);
+      MB_CHECK(int64_t(n_tokens) == c.vocab_size, "{} has {} tokens but the model's vocabulary is {}", tokenizer_json,
+               n_tokens, c.vocab_size);
+    } else if (fs::exists(fs::path(ck.path) / "tokenizer.json")) {
+      tokenizer_metadata(fs::path(ck.path) / "tokenizer.json", c, w);
+    }
+    chat_template_metadata(ck.path, w);
     for (auto& [name, e] : ck.tensors.entries()) {
       // Vision/audio parts belong in llama.cpp's separate mmproj file.
       if (name.rfind(c.tensor_prefix, 0) != 0 && name != "lm_head.weight") continue;
@@ -209,6 +226,7 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
       w.add_tensor("rope_freqs.weight", DType::F32, {int64_t(freqs.size())}, freqs.data());
     }
   }
+  std::map<DType, size_t> bytes_by_dtype;
   ExportProgress prog;
   prog.total = todo.size();
   for (auto& [g, e] : todo) {
@@ -217,15 +235,19 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
     const int64_t cols = e->shape.empty() ? 1 : e->shape.back();
     const int64_t rows = cols ? int64_t(e->nbytes / dtype_row_bytes(e->dtype, cols)) : 0;
     DType out = gguf_tensor_type(q, g, e->shape, c.n_layers, e->dtype);
+    bytes_by_dtype[out] += dtype_row_bytes(out, cols) * size_t(rows);
+    const bool shift = !ck.gguf && c.family == "gemma3" && ends_with(g, "norm.weight");  // GGUF stores 1 + w
+    if (out == e->dtype && !shift) {  // unchanged: written from the checkpoint's bytes, which outlive `w`
+      MB_CHECK(e->nbytes == dtype_row_bytes(out, cols) * size_t(rows), "tensor '{}': {} bytes do not fit its shape",
+               e->name, e->nbytes);
+      w.add_tensor_view(g, out, e->shape, e->data);
+      ++prog.done;
+      continue;
+    }
     std::vector<float> row(static_cast<size_t>(cols));
     std::vector<uint8_t> buf(dtype_row_bytes(out, cols) * size_t(rows));
-    const bool shift = !ck.gguf && c.family == "gemma3" && ends_with(g, "norm.weight");  // GGUF stores 1 + w
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* in = e->data + size_t(r) * dtype_row_bytes(e->dtype, cols);
-      if (out == e->dtype && !shift) {
-        std::memcpy(buf.data() + size_t(r) * dtype_row_bytes(out, cols), in, dtype_row_bytes(out, cols));
-        continue;
-      }
       if (dtype_is_quantized(e->dtype)) dequantize_row(e->dtype, in, row.data(), cols);
       else
         for (int64_t i = 0; i < cols; ++i) {
@@ -250,8 +272,22 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
     w.add_tensor(g, out, e->shape, buf.data());
     ++prog.done;
   }
-  const uint32_t file_type = q == QuantType::F32 || q == QuantType::Keep ? 0 : q == QuantType::BF16 ? 32 : q == QuantType::Q8_0 ? 7
-                             : q == QuantType::Q4_0 ? 2 : 15;
+  uint32_t file_type = q == QuantType::F32 ? 0 : q == QuantType::BF16 ? 32 : q == QuantType::Q8_0 ? 7
+                       : q == QuantType::Q4_0 ? 2 : 15;
+  if (q == QuantType::Keep) {
+    // The source GGUF's own type, else llama.cpp's "mostly X" for the dtype holding the most bytes.
+    const GgufValue* ft = ck.gguf ? ck.gguf->find("general.file_type") : nullptr;
+    if (ft && ft->is_int()) {
+      file_type = uint32_t(ft->as_int());
+    } else {
+      DType most = DType::F32;
+      for (auto& [d, b] : bytes_by_dtype)
+        if (b > bytes_by_dtype[most]) most = d;
+      file_type = most == DType::F16 ? 1 : most == DType::BF16 ? 32 : most == DType::Q4_0 ? 2 : most == DType::Q4_1 ? 3
+                : most == DType::Q8_0 ? 7 : most == DType::Q5_0 ? 8 : most == DType::Q5_1 ? 9 : most == DType::Q4_K ? 14
+                : most == DType::Q5_K ? 16 : most == DType::Q6_K ? 18 : 0;
+    }
+  }
   w.set("general.file_type", u32(file_type));
   w.write(out_path);
   prog.tensor.clear();

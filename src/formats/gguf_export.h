@@ -25,8 +25,12 @@ struct ExportProgress {
 };
 
 // `ck` may come from a checkpoint folder (its tokenizer.json / chat template are exported too) or
-// from a GGUF (its metadata is copied). Throws mb::Error on anything it cannot represent.
+// from a GGUF (its metadata is copied). `tokenizer_json`, when given, is the tokenizer.json to
+// export instead of the folder's (a synthetic checkpoint has no folder); it must exist. Tensors
+// kept in their dtype are written straight from the checkpoint's memory, not copied first.
+// Throws mb::Error on anything it cannot represent.
 void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
-                 const std::function<void(const ExportProgress&)>& progress = nullptr);
+                 const std::function<void(const ExportProgress&)>& progress = nullptr,
+                 const std::string& tokenizer_json = "");
 
 }  // namespace mb
