@@ -129,12 +129,16 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
 
 template <DType T>
 void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  constexpr int TT = 4;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t valid = std::min<int64_t>(kQRows, w.m - g * kQRows);
     const __mmask16 rows = __mmask16((1u << valid) - 1u);
     int64_t t = t0;
-    for (; t + TT <= t1; t += TT) group_tokens<T, TT>(w, x, g, t, y, ldy, rows);
+    // Tiles of 8 tokens share each unpacked code vector (8 codes + 8 sums + scales fit in 32 zmm).
+    for (; t + 8 <= t1; t += 8) group_tokens<T, 8>(w, x, g, t, y, ldy, rows);
+    if (t + 4 <= t1) {
+      group_tokens<T, 4>(w, x, g, t, y, ldy, rows);
+      t += 4;
+    }
     switch (t1 - t) {
       case 3: group_tokens<T, 3>(w, x, g, t, y, ldy, rows); break;
       case 2: group_tokens<T, 2>(w, x, g, t, y, ldy, rows); break;
