@@ -83,6 +83,34 @@ TEST(QMatmul, ActivationsRoundTo8BitsPerBlock) {
   EXPECT_EQ(a.dx[0], 0.f);  // an all-zero block has scale 0, no NaN
 }
 
+TEST(QMatmul, Avx512ActivationRoundingEqualsScalarTwin) {
+  mb::cpu::QuantizeActsFn fn = mb::cpu::quantize_acts_avx512();
+  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
+  std::mt19937 rng(6);
+  const int64_t n = 7, k = 256;
+  auto x = make_x(n, k, rng);
+  for (int i = 0; i < 64; ++i) x[size_t(2 * k + i)] = float(i % 5) * 0.5f - 1.f;  // exact .5 ties
+  x[size_t(3 * k)] = -1e-30f;                                                  // a tiny block scale
+  for (int i = 0; i < 32; ++i) x[size_t(4 * k + i)] = i == 3 ? 1e-41f : 0.f;      // denormal: a zero block
+  mb::cpu::QActs a, b;
+  for (auto* q : {&a, &b}) {
+    q->n = n;
+    q->k = k;
+    q->q.assign(size_t(n * k), 0);
+    q->dx.assign(size_t(n * k / 32), 0.f);
+    q->dsum32.assign(size_t(n * k / 32), 0.f);
+    q->dsum16.assign(size_t(n * k / 16), 0.f);
+  }
+  mb::cpu::quantize_acts_ref(x.data(), k, 0, n, a);
+  fn(x.data(), k, 0, n, b);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.dsum32, b.dsum32);
+  EXPECT_EQ(a.dsum16, b.dsum16);
+  EXPECT_EQ(a.dx[size_t(4 * k / 32)], 0.f);
+  for (float v : b.dsum32) EXPECT_TRUE(std::isfinite(v));
+}
+
 TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
   std::mt19937 rng(3);
   for (DType t : kTypes) {

@@ -207,6 +207,29 @@ void qunpack_row(const QPacked& w, int64_t row, float* out) {
     }
 }
 
+void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
+  const int64_t k = a.k;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t b = 0; b < k / 32; ++b) {
+      const float* xb = x + t * ldx + 32 * b;
+      float amax = 0.f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      // Blocks below 1e-30 count as zeros: 1/d must stay finite (no inf·0 = NaN).
+      const float d = amax >= 1e-30f ? amax / 127.f : 0.f, id = d > 0.f ? 1.f / d : 0.f;
+      int8_t* q = a.q.data() + t * k + 32 * b;
+      int s[2] = {0, 0};
+      for (int i = 0; i < 32; ++i) {
+        q[i] = int8_t(std::nearbyint(xb[i] * id));
+        s[i / 16] += q[i];
+      }
+      const size_t bi = size_t(t * (k / 32) + b);
+      a.dx[bi] = d;
+      a.dsum32[bi] = d * float(s[0] + s[1]);
+      a.dsum16[2 * bi] = d * float(s[0]);
+      a.dsum16[2 * bi + 1] = d * float(s[1]);
+    }
+}
+
 void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) {
   MB_CHECK(k % 32 == 0, "qmatmul: activation rows of {} are not whole 32-element blocks", k);
   a.n = n;
@@ -215,28 +238,12 @@ void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) 
   a.dx.resize(size_t(n * k / 32));
   a.dsum32.resize(size_t(n * k / 32));
   a.dsum16.resize(size_t(n * k / 16));
-  auto rows = [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t b = 0; b < k / 32; ++b) {
-        const float* xb = x + t * ldx + 32 * b;
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        int8_t* q = a.q.data() + t * k + 32 * b;
-        int s[2] = {0, 0};
-        for (int i = 0; i < 32; ++i) {
-          q[i] = int8_t(std::nearbyint(xb[i] * id));
-          s[i / 16] += q[i];
-        }
-        const size_t bi = size_t(t * (k / 32) + b);
-        a.dx[bi] = d;
-        a.dsum32[bi] = d * float(s[0] + s[1]);
-        a.dsum16[2 * bi] = d * float(s[0]);
-        a.dsum16[2 * bi + 1] = d * float(s[1]);
-      }
-  };
-  if (n * k < (int64_t(1) << 16)) rows(0, n);
-  else ThreadPool::global().parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 14) / k), rows);
+  QuantizeActsFn fn = qmatmul_kernel() ? quantize_acts_avx512() : nullptr;
+  if (!fn) fn = quantize_acts_ref;
+  if (n * k < (int64_t(1) << 16)) fn(x, ldx, 0, n, a);
+  else
+    ThreadPool::global().parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 14) / k),
+                                      [&](int64_t t0, int64_t t1) { fn(x, ldx, t0, t1, a); });
 }
 
 void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0,

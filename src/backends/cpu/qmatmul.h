@@ -58,8 +58,13 @@ struct QActs {
   std::vector<float> dx, dsum32, dsum16;  // [n][k/32], [n][k/32], [n][k/16]
   const int8_t* qrow(int64_t t) const { return q.data() + t * k; }
 };
-// x [n, k] (rows ldx apart; k a multiple of 32) -> a.
+// x [n, k] (rows ldx apart; k a multiple of 32) -> a, with the AVX-512 rows function when the
+// integer kernel is in use (same numbers: round to nearest even either way).
 void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a);
+// Tokens [t0, t1) of x into a (already sized): the scalar twin and the AVX-512 version.
+using QuantizeActsFn = void (*)(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
+void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
+QuantizeActsFn quantize_acts_avx512();
 
 // y[t * ldy + r] for rows of groups [g0, g1) and tokens [t0, t1); rows past m are not written.
 using QMatmulFn = void (*)(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1,

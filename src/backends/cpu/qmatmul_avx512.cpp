@@ -159,9 +159,35 @@ void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0,
   }
 }
 
+// quantize_acts_ref with 32 values per step: amax, d = amax / 127, q = round-to-even(x / d·...)
+// in the same float operations, so the bytes and scales are identical.
+void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
+  const int64_t k = a.k, nb = k / 32;
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + t * ldx + 32 * b;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
+      const float d = amax >= 1e-30f ? amax / 127.f : 0.f, id = d > 0.f ? 1.f / d : 0.f;
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+      int8_t* q = a.q.data() + t * k + 32 * b;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+      const int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+      const size_t bi = size_t(t * nb + b);
+      a.dx[bi] = d;
+      a.dsum32[bi] = d * float(s0 + s1);
+      a.dsum16[2 * bi] = d * float(s0);
+      a.dsum16[2 * bi + 1] = d * float(s1);
+    }
+}
+
 }  // namespace
 
 QMatmulFn qmatmul_avx512() { return kernel; }
+QuantizeActsFn quantize_acts_avx512() { return quantize_rows; }
 
 }  // namespace mb::cpu
 
@@ -169,6 +195,7 @@ QMatmulFn qmatmul_avx512() { return kernel; }
 
 namespace mb::cpu {
 QMatmulFn qmatmul_avx512() { return nullptr; }
+QuantizeActsFn quantize_acts_avx512() { return nullptr; }
 }  // namespace mb::cpu
 
 #endif
