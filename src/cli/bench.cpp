@@ -1,11 +1,18 @@
 // `markbase bench`: prompt processing (pp) and generation (tg) throughput, per batch size, on a
-// checkpoint or on synthetic weights with the real shapes of a Gemma 4 size; and memory read
-// bandwidth, so tg can be read as a fraction of the memory floor.
+// checkpoint or on synthetic weights with the real shapes of a Gemma 4 size (in any weight dtype,
+// block types included); memory (weights, KV cache, peak resident set); and memory read
+// bandwidth, so tg can be read as a fraction of the memory floor. --save writes the weights
+// benchmarked as a GGUF llama.cpp runs, so both engines can be measured on the same file.
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
@@ -14,6 +21,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/checkpoint.h"
+#include "formats/gguf_export.h"
 #include "models/model.h"
 #include "models/synthetic.h"
 #include "runtime/kv_cache.h"
@@ -53,10 +61,96 @@ double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30) {
 }
 
 struct BenchArgs {
-  std::string model, synthetic, dtype = "auto", batches = "1";
+  std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer;
   int pp = 512, tg = 128, reps = 3, threads = 0;
   bool json = false, membw = false;
 };
+
+// Peak resident set of this process so far (Linux reports ru_maxrss in KiB).
+size_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return size_t(u.ru_maxrss) * 1024;
+}
+
+// The Gemma 4 tokenizer.json a synthetic model is saved with (its 262144 ids are the synthetic
+// vocabulary): --tokenizer, else the project's shared copy, looked for beside the repository
+// (../shared from the repository root, found from the working directory or from the binary).
+std::string synthetic_tokenizer_path(const std::string& given) {
+  namespace fs = std::filesystem;
+  if (!given.empty()) {
+    MB_CHECK(fs::is_regular_file(given), "bench --save: tokenizer file {} does not exist", given);
+    return given;
+  }
+  const fs::path rel = fs::path("shared") / "data" / "tokenizer" / "gemma4-tokenizer.json";
+  std::vector<fs::path> tried;
+  std::error_code ec;
+  tried.push_back(fs::current_path(ec) / ".." / rel);
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec)  // build/bin/markbase -> <repo>/../shared
+    tried.push_back(exe.parent_path() / ".." / ".." / ".." / rel);
+  std::string names;
+  for (auto& p : tried) {
+    const std::string c = fs::weakly_canonical(p, ec).string();
+    if (fs::is_regular_file(c, ec)) return c;
+    if (names.find(c) == std::string::npos) names += (names.empty() ? "" : " or ") + c;
+  }
+  fail("bench --save: a synthetic model is saved with the Gemma 4 tokenizer (llama.cpp refuses a GGUF without "
+       "one), but it is not at {}; pass --tokenizer FILE (a Gemma 4 tokenizer.json with 262144 ids)", names);
+}
+
+// -m with --dtype: the quantization type that writes what the model converted to at load.
+QuantType save_quant_type(const std::string& dtype) {
+  if (dtype == "auto") return QuantType::Keep;
+  if (dtype == "f32") return QuantType::F32;
+  if (dtype == "bf16") return QuantType::BF16;
+  if (dtype == "q8_0") return QuantType::Q8_0;
+  if (dtype == "q4_0") return QuantType::Q4_0;
+  fail("bench: -m PATH --dtype {} --save cannot write the converted model (use --dtype auto, f32, bf16, q8_0 or "
+       "q4_0, or `markbase quantize`)", dtype);
+}
+
+void save_gguf(const Checkpoint& ck, const BenchArgs& a) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  MB_CHECK(a.model.empty() || !fs::equivalent(a.model, a.save, ec), "bench: --save must not overwrite -m {}", a.model);
+  const QuantType q = a.synthetic.empty() ? save_quant_type(a.dtype) : QuantType::Keep;
+  const std::string tok = !a.synthetic.empty() ? synthetic_tokenizer_path(a.tokenizer) : a.tokenizer;
+  const auto t0 = Clock::now();
+  std::fprintf(stderr, "bench: saving %s ...\n", a.save.c_str());
+  // Written to a temporary name and renamed at the end, so a failure never leaves a truncated file.
+  const std::string tmp = a.save + ".part";
+  // In a child process, so that what the export allocates (the tokenizer's JSON, re-encoded
+  // tensors) never counts in the peak RSS this benchmark reports. The child shares the weights
+  // copy-on-write and only reads them; export_gguf runs on the calling thread alone.
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  MB_CHECK(pid >= 0, "bench --save: fork failed");
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      export_gguf(ck, tmp, q, nullptr, tok);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fs::remove(tmp, ec);
+    fail("bench --save: writing {} failed{}", a.save,
+         WIFSIGNALED(status) ? fmt::format(" (signal {})", WTERMSIG(status)) : std::string());
+  }
+  fs::rename(tmp, a.save);
+  rusage child{};
+  getrusage(RUSAGE_CHILDREN, &child);
+  std::fprintf(stderr, "bench: wrote %s (%.1f MB) in %.1f s (peak RSS of the export: %.3f GB)\n", a.save.c_str(),
+               double(fs::file_size(a.save)) / 1e6, since(t0), double(child.ru_maxrss) * 1024 / 1e9);
+}
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -77,7 +171,8 @@ void run_bench(const BenchArgs& a) {
     if (a.model.empty() && a.synthetic.empty()) return;
   }
   MB_CHECK(a.model.empty() != a.synthetic.empty(), "bench: give exactly one of -m PATH or --synthetic NAME");
-  MB_CHECK(a.pp >= 0 && a.tg >= 0 && a.pp + a.tg > 0 && a.reps > 0, "bench: --pp/--tg must be >= 0, not both 0");
+  MB_CHECK(a.pp >= 0 && a.tg >= 0 && (a.pp + a.tg > 0 || !a.save.empty()) && a.reps > 0,
+           "bench: --pp/--tg must be >= 0, not both 0 (except with --save: save only)");
   std::vector<int32_t> batches = parse_token_list(a.batches);
   for (int32_t b : batches) MB_CHECK(b >= 1 && b <= 1024, "bench: batch size {} out of range", b);
 
@@ -86,11 +181,23 @@ void run_bench(const BenchArgs& a) {
   if (a.dtype == "f32") dtype = DType::F32;
   else if (a.dtype == "bf16" || a.dtype == "auto") dtype = DType::BF16;
   else if (a.dtype == "f16") dtype = DType::F16;
-  else fail("bench: --dtype {} is not supported by this build (auto, f32, bf16, f16)", a.dtype);
+  else if (a.dtype == "q8_0") dtype = DType::Q8_0;
+  else if (a.dtype == "q4_0") dtype = DType::Q4_0;
+  else if (a.dtype == "q4_k") dtype = DType::Q4_K;
+  else fail("bench: --dtype {} is not supported (auto, f32, bf16, f16, q8_0, q4_0, q4_k)", a.dtype);
 
-  std::fprintf(stderr, "bench: loading %s ...\n", a.model.empty() ? ("synthetic " + a.synthetic).c_str() : a.model.c_str());
+  const char* isa = cpu::isa_name(cpu::kernels().isa);
+  std::fprintf(stderr, "bench: %s %s, %d threads, %s kernels: loading ...\n",
+               a.model.empty() ? ("synthetic " + a.synthetic).c_str() : a.model.c_str(), a.dtype.c_str(), threads, isa);
+  auto t_load = Clock::now();
+  // Synthetic weights are built in the dtype asked for (block types row by row), so the model
+  // uses them as they are; a checkpoint is converted at load unless --dtype is auto.
   std::shared_ptr<Checkpoint> ck = a.model.empty() ? make_synthetic_checkpoint(a.synthetic, dtype)
                                                    : std::shared_ptr<Checkpoint>(open_checkpoint(a.model));
+  if (!a.save.empty()) {
+    save_gguf(*ck, a);
+    if (a.pp + a.tg == 0) return;
+  }
   auto be = make_cpu_backend();
   ModelLoadOptions mo;
   mo.keep_checkpoint_dtype = keep || !a.synthetic.empty();
@@ -98,15 +205,27 @@ void run_bench(const BenchArgs& a) {
   auto model = load_model(ck, *be, mo);
   const ModelConfig& c = model->config();
   const std::string name = a.model.empty() ? a.synthetic : a.model;
-  const std::string dtype_label = keep && a.synthetic.empty() ? std::string(dtype_name(c.checkpoint_dtype)) : a.dtype;
+  std::string dtype_label = a.dtype;
+  if (keep && a.synthetic.empty()) dtype_label = std::string(dtype_name(c.checkpoint_dtype));
+  else if (keep) dtype_label = "bf16";
   const double wbytes = double(model->decode_weight_bytes());
+  // Weights the model holds, mapped or owned: its matrices and norms, plus the PLE table it reads
+  // in place (KV-shared layers' unused K/V projections are not counted).
+  size_t weight_bytes = model->weight_bytes();
+  if (const TensorEntry* ple = ck->tensors.find(c.tensor_prefix + "embed_tokens_per_layer.weight"))
+    weight_bytes += ple->nbytes;
+  std::fprintf(stderr, "bench: ready in %.1f s: weights %.3f GB, peak RSS %.3f GB\n", since(t_load),
+               double(weight_bytes) / 1e9, double(peak_rss_bytes()) / 1e9);
 
   if (!a.json)
-    std::printf("| model | dtype | threads | batch | pp t/s | tg t/s | weight GB/token |\n|---|---|---|---|---|---|---|\n");
+    std::printf("| model | dtype | isa | threads | batch | pp t/s | tg t/s | weight GB/token | weights GB | KV GB | peak RSS GB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int32_t B : batches) {
     std::vector<double> pp_rates, tg_rates;
+    size_t kv_bytes = 0;
     for (int rep = 0; rep < a.reps; ++rep) {
       KVCache kv(c, *be, {B, int64_t(a.pp + a.tg + 1), 512});
+      kv_bytes = kv.bytes();
       std::vector<float> logits;
       auto t0 = Clock::now();
       for (int s = 0; s < B; ++s) {
@@ -140,16 +259,20 @@ void run_bench(const BenchArgs& a) {
     }
     if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
     const double pp = median(pp_rates), tg = median(tg_rates);
+    const size_t rss = peak_rss_bytes();
     if (a.json) {
       nlohmann::json j{{"model", name},          {"dtype", dtype_label},
                        {"threads", threads},     {"batch", B},
                        {"pp", a.pp},             {"tg", a.tg},
                        {"pp_tokens_per_s", pp},  {"tg_tokens_per_s", tg},
-                       {"weight_bytes_per_token", wbytes}, {"reps", a.reps}};
+                       {"weight_bytes_per_token", wbytes}, {"reps", a.reps},
+                       {"isa", isa},             {"weight_bytes", weight_bytes},
+                       {"kv_bytes", kv_bytes},   {"peak_rss_bytes", rss}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("| %s | %s | %d | %d | %.2f | %.2f | %.3f |\n", name.c_str(), dtype_label.c_str(), threads, B, pp, tg,
-                  wbytes / 1e9);
+      std::printf("| %s | %s | %s | %d | %d | %.2f | %.2f | %.3f | %.3f | %.3f | %.3f |\n", name.c_str(),
+                  dtype_label.c_str(), isa, threads, B, pp, tg, wbytes / 1e9, double(weight_bytes) / 1e9,
+                  double(kv_bytes) / 1e9, double(rss) / 1e9);
     }
     std::fflush(stdout);
   }
@@ -161,12 +284,18 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "measure prompt-processing and generation speed");
   auto a = std::make_shared<BenchArgs>();
   cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file");
-  cmd->add_option("--synthetic", a->synthetic, "random weights with the shapes of a Gemma 4 size")
+  cmd->add_option("--synthetic", a->synthetic, "random weights with the shapes of a Gemma 4 size (tiny: for tests)")
       ->check(CLI::IsMember(synthetic_model_names()));
   cmd->add_option("--pp", a->pp, "prompt tokens per sequence (default 512)");
   cmd->add_option("--tg", a->tg, "generated tokens per sequence (default 128)");
   cmd->add_option("--batch", a->batches, "batch sizes, comma-separated (default 1)");
-  cmd->add_option("--dtype", a->dtype, "weight dtype: auto, f32, bf16, f16");
+  cmd->add_option("--dtype", a->dtype,
+                  "weight dtype: auto (the checkpoint's; bf16 for --synthetic), f32, bf16, f16, q8_0, q4_0, q4_k "
+                  "(block types: rows that are not whole blocks stay bf16)");
+  cmd->add_option("--save", a->save,
+                  "write the weights benchmarked to this .gguf first (llama.cpp runs it), then benchmark");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "tokenizer.json for --save (default for --synthetic: ../shared/data/tokenizer/gemma4-tokenizer.json)");
   cmd->add_option("--threads", a->threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--reps", a->reps, "repetitions; the median is reported (default 3)");
   cmd->add_flag("--json", a->json, "one JSON object per line per batch size");

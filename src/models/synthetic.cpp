@@ -1,9 +1,11 @@
 #include "models/synthetic.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "core/thread_pool.h"
 #include "formats/hf_config.h"
 
@@ -53,7 +55,7 @@ inline float uniform_pm1(uint64_t seed, uint64_t i) {
 }  // namespace
 
 const std::vector<std::string>& synthetic_model_names() {
-  static const std::vector<std::string> names = {"e2b", "e4b", "12b", "26b-a4b", "31b"};
+  static const std::vector<std::string> names = {"e2b", "e4b", "12b", "26b-a4b", "31b", "tiny"};
   return names;
 }
 
@@ -89,13 +91,30 @@ json synthetic_config_json(const std::string& name) {
     t["attention_k_eq_v"] = true;
     t["num_global_key_value_heads"] = 1;
     arch = "Gemma4UnifiedForConditionalGeneration";
+  } else if (name == "tiny") {
+    // E2B's structure at toy width: sliding/full alternating (head dims 32/64), 2 KV-shared layers
+    // with the double-wide MLP, PLE width 8 (rows of 8: not whole blocks, so those stay BF16).
+    t = base_text(64, 4, 2, 2, 1, 128, 16, 4096);
+    t["head_dim"] = 32;
+    t["global_head_dim"] = 64;
+    t["hidden_size_per_layer_input"] = 8;
+    t["vocab_size_per_layer_input"] = 262144;
+    t["num_kv_shared_layers"] = 2;
+    t["use_double_wide_mlp"] = true;
   } else {
-    fail("unknown synthetic model '{}' (known: e2b, e4b, 12b, 26b-a4b, 31b)", name);
+    fail("unknown synthetic model '{}' (known: e2b, e4b, 12b, 26b-a4b, 31b, tiny)", name);
   }
   return json{{"architectures", {arch}}, {"text_config", t}, {"dtype", "bfloat16"}};
 }
 
+DType synthetic_matrix_dtype(DType dtype, int64_t cols) {
+  if (!dtype_is_quantized(dtype)) return dtype;
+  return cols % dtype_block_size(dtype) == 0 ? dtype : DType::BF16;
+}
+
 std::shared_ptr<Checkpoint> make_synthetic_checkpoint(const std::string& name, DType dtype, uint64_t seed) {
+  MB_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 || dtype_is_quantized(dtype),
+           "synthetic weights cannot be {}", dtype_name(dtype));
   auto ck = std::make_shared<Checkpoint>();
   ck->path = "synthetic:" + name;
   ck->config = parse_hf_config(synthetic_config_json(name), ck->path);
@@ -106,20 +125,45 @@ std::shared_ptr<Checkpoint> make_synthetic_checkpoint(const std::string& name, D
 
   // std: 1/sqrt(fan_in) for matrices (uniform in ±sqrt(3)·std), ~1 for norms; so every layer's
   // activations stay O(1) and no path produces inf/NaN however long the bench runs.
+  // Element i of a tensor is centre + amp * uniform_pm1(s, i) whatever its dtype: a quantized
+  // model's weights are the f32 model's, rounded by its block format.
   auto add = [&](const std::string& n, std::vector<int64_t> shape, bool matrix, float centre = 0.f) {
-    const DType dt = matrix ? dtype : DType::F32;
-    Tensor t = host_tensor(dt, shape);
-    const int64_t count = t.numel();
+    const DType dt = matrix ? synthetic_matrix_dtype(dtype, shape.back()) : DType::F32;
     const float amp = matrix ? std::sqrt(3.f / float(shape.back())) : 0.1f;
     const uint64_t s = ++tensor_seed * 0x2545F4914F6CDD1Dull;
-    ThreadPool::global().parallel_for(count, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        float v = centre + amp * uniform_pm1(s, uint64_t(i));
-        if (dt == DType::F32) t.f32()[i] = v;
-        else if (dt == DType::BF16) t.ptr<uint16_t>()[i] = f32_to_bf16(v);
-        else t.ptr<uint16_t>()[i] = f32_to_f16(v);
-      }
-    });
+    Tensor t;
+    if (dtype_is_quantized(dt)) {
+      // Whole rows: each drawn in f32 into a per-task buffer, then quantized into place.
+      const int64_t cols = shape.back();
+      int64_t rows = 1;
+      for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
+      const size_t row_bytes = dtype_row_bytes(dt, cols);
+      Tensor storage = host_tensor(DType::U8, {int64_t(row_bytes * size_t(rows))});
+      t.dtype = dt;
+      t.shape = shape;
+      t.data = storage.data;
+      t.owner = storage.owner;
+      uint8_t* base = static_cast<uint8_t*>(storage.data);
+      ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, (1 << 16) / cols), [&](int64_t b, int64_t e) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = b; r < e; ++r) {
+          for (int64_t i = 0; i < cols; ++i)
+            row[size_t(i)] = centre + amp * uniform_pm1(s, uint64_t(r * cols + i));
+          quantize_row(dt, row.data(), base + size_t(r) * row_bytes, cols);
+        }
+      });
+    } else {
+      t = host_tensor(dt, shape);
+      const int64_t count = t.numel();
+      ThreadPool::global().parallel_for(count, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          float v = centre + amp * uniform_pm1(s, uint64_t(i));
+          if (dt == DType::F32) t.f32()[i] = v;
+          else if (dt == DType::BF16) t.ptr<uint16_t>()[i] = f32_to_bf16(v);
+          else t.ptr<uint16_t>()[i] = f32_to_f16(v);
+        }
+      });
+    }
     TensorEntry e{c.tensor_prefix + n, dt, shape, static_cast<const uint8_t*>(t.data), t.nbytes(), ck->path, t.owner};
     ck->tensors.add(std::move(e));
   };
