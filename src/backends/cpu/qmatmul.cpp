@@ -37,17 +37,6 @@ CodeLayout layout_of(DType t) {
   }
 }
 
-void put_code(uint8_t* blk, int bits, int r, int kk, unsigned c) {
-  const int q = kk / 4, i = kk % 4, lane = 4 * r + i;
-  if (bits == 8) {
-    blk[64 * q + lane] = uint8_t(c);
-    return;
-  }
-  blk[64 * (q / 2) + lane] |= uint8_t((c & 15u) << (4 * (q & 1)));
-  if (bits >= 5 && (c & 16u)) blk[256 + 8 * q + lane / 8] |= uint8_t(1u << (lane % 8));
-  if (bits >= 6 && (c & 32u)) blk[320 + 8 * q + lane / 8] |= uint8_t(1u << (lane % 8));
-}
-
 unsigned get_code(const uint8_t* blk, int bits, int r, int kk) {
   const int q = kk / 4, i = kk % 4, lane = 4 * r + i;
   if (bits == 8) return blk[64 * q + lane];
@@ -61,28 +50,44 @@ uint16_t* f16s(uint8_t* p) { return reinterpret_cast<uint16_t*>(p); }
 const uint16_t* f16s(const uint8_t* p) { return reinterpret_cast<const uint16_t*>(p); }
 
 // Packs row r (0..15) of group g from its source row.
+// Writes the 32 codes of row r (0..15) into a block of the group's layout.
+void put_block(uint8_t* blk, int bits, int r, const uint8_t (&c)[32]) {
+  if (bits == 8) {
+    for (int q = 0; q < 8; ++q) std::memcpy(blk + 64 * q + 4 * r, c + 4 * q, 4);
+    return;
+  }
+  for (int p = 0; p < 4; ++p)
+    for (int i = 0; i < 4; ++i) blk[64 * p + 4 * r + i] = uint8_t((c[8 * p + i] & 15u) | ((c[8 * p + 4 + i] & 15u) << 4));
+  for (int plane = 0; plane < bits - 4; ++plane)
+    for (int q = 0; q < 8; ++q)
+      for (int i = 0; i < 4; ++i)
+        if (c[4 * q + i] & (16u << plane)) blk[256 + 64 * plane + 8 * q + (4 * r + i) / 8] |= uint8_t(1u << ((4 * r + i) % 8));
+}
+
+// Packs row r (0..15) of group g from its source row (the group's bytes start zeroed).
 void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
   const CodeLayout L = layout_of(w.type);
   uint8_t* gp = w.data.get() + size_t(g) * w.group_bytes;
-  auto codes = [&](int64_t u) { return gp + w.scales_bytes + size_t(u) * w.unit_codes; };
-  auto scales = [&](int64_t u) { return gp + size_t(u) * w.unit_scales; };
+  uint8_t c[32];
   for (int64_t u = 0; u < w.units(); ++u) {
-    uint8_t* cu = codes(u);
-    uint8_t* su = scales(u);
+    uint8_t* cu = gp + w.scales_bytes + size_t(u) * w.unit_codes;
+    uint8_t* su = gp + size_t(u) * w.unit_scales;
     switch (w.type) {
       case DType::Q8_0: {
         const Q8_0& b = reinterpret_cast<const Q8_0*>(src)[u];
         f16s(su)[r] = b.d;
-        for (int j = 0; j < 32; ++j) put_code(cu, 8, r, j, unsigned(int(b.qs[j]) + 128));
+        for (int j = 0; j < 32; ++j) c[j] = uint8_t(int(b.qs[j]) + 128);
+        put_block(cu, 8, r, c);
         break;
       }
       case DType::Q4_0: {
         const Q4_0& b = reinterpret_cast<const Q4_0*>(src)[u];
         f16s(su)[r] = b.d;
         for (int j = 0; j < 16; ++j) {
-          put_code(cu, 4, r, j, b.qs[j] & 15u);
-          put_code(cu, 4, r, j + 16, b.qs[j] >> 4);
+          c[j] = b.qs[j] & 15u;
+          c[j + 16] = b.qs[j] >> 4;
         }
+        put_block(cu, 4, r, c);
         break;
       }
       case DType::Q5_0: {
@@ -91,9 +96,10 @@ void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
         uint32_t qh;
         std::memcpy(&qh, b.qh, 4);
         for (int j = 0; j < 16; ++j) {
-          put_code(cu, 5, r, j, (b.qs[j] & 15u) | (((qh >> j) & 1u) << 4));
-          put_code(cu, 5, r, j + 16, (b.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+          c[j] = uint8_t((b.qs[j] & 15u) | (((qh >> j) & 1u) << 4));
+          c[j + 16] = uint8_t((b.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
         }
+        put_block(cu, 5, r, c);
         break;
       }
       case DType::Q4_K: {
@@ -108,8 +114,9 @@ void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
           su[192 + 16 * j + r] = uint8_t(m);
           for (int l = 0; l < 32; ++l) {
             const uint8_t byte = b.qs[32 * (j / 2) + l];
-            put_code(cu + size_t(j) * L.block_bytes, 4, r, l, (j & 1) ? byte >> 4 : byte & 15u);
+            c[l] = (j & 1) ? byte >> 4 : byte & 15u;
           }
+          put_block(cu + size_t(j) * L.block_bytes, 4, r, c);
         }
         break;
       }
@@ -118,11 +125,14 @@ void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
         const Q6_K& b = reinterpret_cast<const Q6_K*>(src)[u];
         f16s(su)[r] = b.d;
         for (int s = 0; s < 16; ++s) su[32 + 16 * s + r] = uint8_t(b.scales[s]);
-        for (int e = 0; e < 256; ++e) {
-          const int h = e / 128, c = (e % 128) / 32, l = e % 32;
-          const uint8_t ql = b.ql[64 * h + l + 32 * (c & 1)];
-          const unsigned lo = (c < 2 ? ql : ql >> 4) & 15u, hi = (b.qh[32 * h + l] >> (2 * c)) & 3u;
-          put_code(cu + size_t(e / 32) * L.block_bytes, 6, r, e % 32, lo | (hi << 4));
+        for (int blk = 0; blk < 8; ++blk) {
+          for (int l = 0; l < 32; ++l) {
+            const int e = 32 * blk + l, h = e / 128, q = (e % 128) / 32;
+            const uint8_t ql = b.ql[64 * h + l + 32 * (q & 1)];
+            const unsigned lo = (q < 2 ? ql : ql >> 4) & 15u, hi = (b.qh[32 * h + l] >> (2 * q)) & 3u;
+            c[l] = uint8_t(lo | (hi << 4));
+          }
+          put_block(cu + size_t(blk) * L.block_bytes, 6, r, c);
         }
         break;
       }
