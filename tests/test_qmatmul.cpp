@@ -208,3 +208,36 @@ TEST(QMatmul, BackendSwitchesBetweenIntegerAndExactPaths) {
 }
 
 }  // namespace
+
+namespace {
+
+// Several weights on one input in one pass give the numbers of one matmul each.
+TEST(QMatmul, FusedMatmulsEqualSeparateOnes) {
+  std::mt19937 rng(8);
+  auto be = mb::make_cpu_backend();
+  const int64_t k = 512, n = 3;
+  std::vector<QuantMatrix> mats;
+  std::vector<mb::Tensor> ws;
+  for (auto [t, m] : {std::pair{DType::Q4_0, int64_t(40)}, {DType::Q6_K, int64_t(16)}, {DType::Q8_0, int64_t(7)}}) {
+    mats.push_back(make_matrix(t, m, k, rng));
+    mb::Tensor src;
+    src.dtype = t;
+    src.shape = {m, k};
+    src.data = mats.back().bytes.data();
+    ws.push_back(be->prepare_weight(src, t));
+  }
+  auto xv = make_x(n, k, rng);
+  mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
+  std::copy(xv.begin(), xv.end(), x.f32());
+  std::vector<mb::Tensor> fused, alone;
+  for (auto& w : ws) {
+    fused.push_back(mb::host_tensor(DType::F32, {n, w.rows()}));
+    alone.push_back(mb::host_tensor(DType::F32, {n, w.rows()}));
+    be->matmul(x, w, alone.back());
+  }
+  be->matmuls(x, {&ws[0], &ws[1], &ws[2]}, {&fused[0], &fused[1], &fused[2]});
+  for (size_t i = 0; i < ws.size(); ++i)
+    for (int64_t j = 0; j < fused[i].numel(); ++j) ASSERT_EQ(fused[i].f32()[j], alone[i].f32()[j]) << i << " " << j;
+}
+
+}  // namespace

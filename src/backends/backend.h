@@ -45,6 +45,11 @@ class Backend {
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // ys[i] = x · ws[i]ᵀ: several weights applied to one input (Q/K/V, gate/up), which a backend may
+  // run as one pass.
+  virtual void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *ys[i]);
+  }
   // out[i] = table[ids[i]] * scale, converted to f32.
   virtual void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) = 0;
   // Normalises each row of the last dim: y = x * (mean(x²) + eps)^-1/2 * (w or 1), w taken as (1 + w)

@@ -205,17 +205,21 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
   be_.rms_norm(x, &w.attn_norm, eps, add1, h);
 
   Tensor q = be_.alloc(DType::F32, {n, nh, hd});
-  be_.matmul(h, w.q_proj, q);
+  Tensor k, v;
+  if (w.owns_kv) {
+    k = be_.alloc(DType::F32, {n, nkv, hd});
+    v = be_.alloc(DType::F32, {n, nkv, hd});
+    if (L.has_v_proj) be_.matmuls(h, {&w.q_proj, &w.k_proj, &w.v_proj}, {&q, &k, &v});
+    else be_.matmuls(h, {&w.q_proj, &w.k_proj}, {&q, &k});
+  } else {
+    be_.matmul(h, w.q_proj, q);
+  }
   Tensor q_rows = q.reshaped({n * nh, hd});
   be_.rms_norm(q_rows, &w.q_norm, eps, add1, q_rows);
   be_.rope(q, batch.positions.data(), w.inv_freq.data());
 
   if (w.owns_kv) {
-    Tensor k = be_.alloc(DType::F32, {n, nkv, hd});
-    Tensor v = be_.alloc(DType::F32, {n, nkv, hd});
-    be_.matmul(h, w.k_proj, k);
-    if (L.has_v_proj) be_.matmul(h, w.v_proj, v);
-    else be_.copy(k, v);  // attention_k_eq_v: V is the raw K projection, normalised without weight
+    if (!L.has_v_proj) be_.copy(k, v);  // attention_k_eq_v: V is the raw K projection, normalised without weight
     Tensor k_rows = k.reshaped({n * nkv, hd}), v_rows = v.reshaped({n * nkv, hd});
     be_.rms_norm(k_rows, &w.k_norm, eps, add1, k_rows);
     if (cfg_.v_norm) be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
@@ -251,8 +255,7 @@ void Gemma4Model::ffn_block(int l, Tensor& x) {
   Tensor h = be_.alloc(DType::F32, {n, H});
   be_.rms_norm(x, &w.pre_ffn_norm, eps, add1, h);
   Tensor g = be_.alloc(DType::F32, {n, F}), u = be_.alloc(DType::F32, {n, F});
-  be_.matmul(h, w.gate_proj, g);
-  be_.matmul(h, w.up_proj, u);
+  be_.matmuls(h, {&w.gate_proj, &w.up_proj}, {&g, &u});
   be_.gelu_tanh_mul(g, u, g);
   Tensor m = be_.alloc(DType::F32, {n, H});
   be_.matmul(g, w.down_proj, m);

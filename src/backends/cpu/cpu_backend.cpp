@@ -74,6 +74,33 @@ class CpuBackend final : public Backend {
     cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m);
   }
 
+  void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override {
+    MB_CHECK(ws.size() == ys.size(), "matmuls: {} weights for {} outputs", ws.size(), ys.size());
+    cpu::QMatmulFn fn = cpu::qmatmul_kernel();
+    bool fused = fn != nullptr && ws.size() > 1;
+    for (size_t i = 0; fused && i < ws.size(); ++i) fused = ws[i]->packed != nullptr;
+    if (!fused) return Backend::matmuls(x, ws, ys);
+    check_f32(x, "matmuls", "x");
+    std::vector<const cpu::QPacked*> packed;
+    std::vector<float*> outs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      check_f32(*ys[i], "matmuls", "y");
+      MB_CHECK(ws[i]->cols() == x.cols() && ys[i]->numel() == x.rows() * ws[i]->rows(),
+               "matmuls: x {} · w {}ᵀ -> y {} do not fit", x.shape_str(), ws[i]->shape_str(), ys[i]->shape_str());
+      packed.push_back(static_cast<const cpu::QPacked*>(ws[i]->packed.get()));
+      outs.push_back(ys[i]->f32());
+    }
+    cpu::qmatmul_many(fn, packed, x.f32(), x.cols(), x.rows(), outs);
+  }
+
+  void softcap(Tensor& x, float cap) override {
+    const float inv = 1.f / cap;
+    float* p = x.f32();
+    ThreadPool::global().parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p[i] = std::tanh(p[i] * inv) * cap;
+    });
+  }
+
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
     check_f32(out, "embed", "out");
     const int64_t d = table.cols(), vocab = table.rows();
@@ -188,10 +215,6 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0, n = x.numel(); i < n; ++i) x.f32()[i] *= s;
   }
 
-  void softcap(Tensor& x, float cap) override {
-    const float inv = 1.f / cap;
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) x.f32()[i] = std::tanh(x.f32()[i] * inv) * cap;
-  }
 
   void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                   Tensor& experts) override {

@@ -313,4 +313,28 @@ void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_
   ThreadPool::global().parallel_for(w.groups, grain, [&](int64_t g0, int64_t g1) { fn(w, acts, y, ldy, g0, g1, 0, n); });
 }
 
+void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
+                  const std::vector<float*>& ys) {
+  MB_CHECK(!ws.empty() && ws.size() == ys.size(), "qmatmul_many: {} weights for {} outputs", ws.size(), ys.size());
+  thread_local QActs caller_acts;
+  QActs& acts = caller_acts;
+  quantize_acts(x, ldx, n, ws[0]->k, acts);
+  std::vector<int64_t> first(ws.size() + 1, 0);  // global index of each matrix's first group
+  int64_t bytes = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    MB_CHECK(ws[i]->k == ws[0]->k, "qmatmul_many: weights of {} and {} columns", ws[i]->k, ws[0]->k);
+    first[i + 1] = first[i] + ws[i]->groups;
+    bytes += int64_t(ws[i]->bytes());
+  }
+  const int64_t total = first.back();
+  const int64_t work = bytes / std::max<int64_t>(1, total) * std::min<int64_t>(n, 16);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, work));
+  ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
+    for (size_t i = 0; i < ws.size() && b < e; ++i) {
+      const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
+      if (lo < hi) fn(*ws[i], acts, ys[i], ws[i]->m, lo - first[i], hi - first[i], 0, n);
+    }
+  });
+}
+
 }  // namespace mb::cpu

@@ -83,5 +83,9 @@ bool quant_matmul_exact();
 
 // y[n, m] = x[n, k] · wᵀ over ThreadPool::global() with `fn`.
 void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy);
+// ys[i][n, m_i] = x · ws[i]ᵀ for weights of the same k: x is quantized once and all the matrices'
+// groups are one parallel region (Q, K, V; gate and up).
+void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
+                  const std::vector<float*>& ys);
 
 }  // namespace mb::cpu
