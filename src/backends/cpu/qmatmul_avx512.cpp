@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <cstdlib>
 
 namespace mb::cpu {
 namespace {
@@ -72,8 +71,7 @@ inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, 
 }
 
 // Bytes ahead of the codes being read that each block prefetches.
-static const size_t kPrefetch = getenv("MB_PF") ? size_t(atoi(getenv("MB_PF"))) : 2048;
-static const int kHint = getenv("MB_HINT") ? atoi(getenv("MB_HINT")) : 0;
+constexpr size_t kPrefetch = 2048;
 
 template <DType T, int NT>
 void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
@@ -94,8 +92,7 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
     }
     for (int blk = 0; blk < w.unit / 32; ++blk) {
       const uint8_t* cb = cu + size_t(blk) * w.block_codes;
-      if (kHint == 0) for (size_t off = 0; off < w.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
-      else if (kHint == 1) for (size_t off = 0; off < w.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T1);
+      for (size_t off = 0; off < w.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
       __m512i c[8];
       unpack<T>(cb, c);
       const int64_t kb = u * w.unit + 32 * blk, bi = kb / 32;
