@@ -37,8 +37,7 @@ class CpuBackend final : public Backend {
     // Block-quantized matmul weights get the integer kernels' layout. The plain rows stay for
     // lookups and the f32-activation path; pages of the file read only to pack are given back.
     if (use != WeightUse::Lookup && src.rank() >= 2 && cpu::qpack_supports(t.dtype, t.cols())) {
-      t.packed = cpu::qpack(t.dtype, t.data, t.rows(), t.cols());
-      if (t.data == src.data) release_mapped_pages(src.data, src.nbytes());
+      t.packed = cpu::qpack(t.dtype, t.data, t.rows(), t.cols(), t.data == src.data ? release_mapped_pages : nullptr);
     }
     return t;
   }

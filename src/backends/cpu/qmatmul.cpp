@@ -176,7 +176,8 @@ bool qpack_supports(DType t, int64_t k) {
   }
 }
 
-std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k) {
+std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k,
+                                     void (*on_source_done)(const void*, size_t)) {
   MB_CHECK(qpack_supports(t, k), "qmatmul: {} rows of {} cannot be packed", dtype_name(t), k);
   auto p = std::make_shared<QPacked>();
   p->type = t;
@@ -196,12 +197,22 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   p->data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
   const size_t row_bytes = dtype_row_bytes(t, k);
   const uint8_t* src = static_cast<const uint8_t*>(w);
-  ThreadPool::global().parallel_for(p->groups, 1, [&](int64_t g0, int64_t g1) {
-    std::memset(p->data.get() + size_t(g0) * p->group_bytes, 0, size_t(g1 - g0) * p->group_bytes);
-    for (int64_t g = g0; g < g1; ++g)
-      for (int r = 0; r < kQRows && g * kQRows + r < m; ++r)
-        pack_row(*p, g, r, src + size_t(g * kQRows + r) * row_bytes);
-  });
+  // Slabs of ~16 MB of source: after each, on_source_done may drop the pages just read, so a
+  // mapped file and its packed copy are never both resident in full.
+  const int64_t slab = std::max<int64_t>(1, int64_t((size_t(16) << 20) / (row_bytes * kQRows)));
+  for (int64_t s0 = 0; s0 < p->groups; s0 += slab) {
+    const int64_t s1 = std::min(p->groups, s0 + slab);
+    ThreadPool::global().parallel_for(s1 - s0, 1, [&](int64_t b, int64_t e) {
+      std::memset(p->data.get() + size_t(s0 + b) * p->group_bytes, 0, size_t(e - b) * p->group_bytes);
+      for (int64_t g = s0 + b; g < s0 + e; ++g)
+        for (int r = 0; r < kQRows && g * kQRows + r < m; ++r)
+          pack_row(*p, g, r, src + size_t(g * kQRows + r) * row_bytes);
+    });
+    if (on_source_done) {
+      const int64_t r0 = s0 * kQRows, r1 = std::min(m, s1 * kQRows);
+      on_source_done(src + size_t(r0) * row_bytes, size_t(r1 - r0) * row_bytes);
+    }
+  }
   return p;
 }
 

@@ -45,8 +45,10 @@ struct QPacked {
 
 // Whether `t` with rows of k elements can be packed.
 bool qpack_supports(DType t, int64_t k);
-// Packs m rows of k elements of type t (rows dtype_row_bytes(t, k) apart). Uses all cores.
-std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k);
+// Packs m rows of k elements of type t (rows dtype_row_bytes(t, k) apart). Uses all cores; calls
+// on_source_done (when given) on each stretch of source rows as soon as it is packed.
+std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t k,
+                                     void (*on_source_done)(const void*, size_t) = nullptr);
 // Row r of the packed weights as f32: equals dequantize_row of the source row (tests).
 void qunpack_row(const QPacked& w, int64_t r, float* out);
 
