@@ -59,16 +59,22 @@ MappedFile::~MappedFile() {
   munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-void release_mapped_pages(const void* p, size_t n) {
+namespace {
+// madvise over the whole pages of [p, p + n) when the range lies in a live mapping.
+void advise_mapped(const void* p, size_t n, int advice) {
   const uintptr_t b = uintptr_t(p), e = b + n;
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   std::lock_guard<std::mutex> lock(g_maps_mu);
   for (const auto& m : g_maps)
     if (b >= m.first && e <= m.second) {
       const uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
-      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, advice);
       return;
     }
 }
+}  // namespace
+
+void release_mapped_pages(const void* p, size_t n) { advise_mapped(p, n, MADV_DONTNEED); }
+void advise_random_access(const void* p, size_t n) { advise_mapped(p, n, MADV_RANDOM); }
 
 }  // namespace mb

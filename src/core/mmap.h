@@ -30,5 +30,8 @@ class MappedFile {
 // only; the next read pages them in again from the file); does nothing for other memory. For
 // weights read once to build another layout.
 void release_mapped_pages(const void* p, size_t n);
+// Marks [p, p + n) of a live MappedFile as read at random (row lookups): no read-ahead around
+// each fault, so a lookup table's resident share is the rows read. Does nothing for other memory.
+void advise_random_access(const void* p, size_t n);
 
 }  // namespace mb

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
 
   Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
     Tensor t = converted(src, dtype);
+    if (use != WeightUse::Matmul && t.data == src.data) advise_random_access(src.data, src.nbytes());
     // Block-quantized matmul weights get the integer kernels' layout. The plain rows stay for
     // lookups and the f32-activation path; pages of the file read only to pack are given back.
     if (use != WeightUse::Lookup && src.rank() >= 2 && cpu::qpack_supports(t.dtype, t.cols())) {
@@ -112,7 +113,20 @@ class CpuBackend final : public Backend {
       if (dtype_is_quantized(table.dtype)) dequantize_row(table.dtype, row, o, d);
       else cpu::to_f32(table.dtype, row, o, d);
       for (int64_t j = 0; j < d; ++j) o[j] *= scale;
+      release_lookup_window(table, row, row_bytes);
     }
+  }
+
+  // A row read from a file-mapped table brings the 64 KB around it into the process (the kernel
+  // maps neighbouring cached pages on each fault); dropping that window again keeps a lookup
+  // table's resident share at the rows being read, not every row ever read (E2B's per-layer
+  // table is 2.3B parameters). Memory that is not a file mapping is left alone.
+  static void release_lookup_window(const Tensor& table, const uint8_t* row, size_t row_bytes) {
+    constexpr uintptr_t kWindow = 64 * 1024;
+    const uintptr_t b = uintptr_t(table.data), e = b + table.nbytes();
+    const uintptr_t lo = std::max(b, uintptr_t(row) / kWindow * kWindow);
+    const uintptr_t hi = std::min(e, (uintptr_t(row) + row_bytes + kWindow - 1) / kWindow * kWindow);
+    release_mapped_pages(reinterpret_cast<const void*>(lo), size_t(hi - lo));
   }
 
   void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override {
