@@ -73,55 +73,65 @@ inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, 
 // Bytes ahead of the codes being read that each block prefetches.
 constexpr size_t kPrefetch = 2048;
 
+// The packed layout of qmatmul.cpp as constants, so the block loop is plain pointer arithmetic.
+template <DType T> struct Layout {
+  static constexpr size_t block_codes = T == DType::Q8_0 ? 512 : T == DType::Q5_0 ? 320 : T == DType::Q6_K ? 384 : 256;
+  static constexpr int blocks_per_unit = (T == DType::Q4_K || T == DType::Q6_K) ? 8 : 1;
+  static constexpr size_t unit_scales = T == DType::Q4_K ? 320 : T == DType::Q6_K ? 288 : 32;
+};
+
 template <DType T, int NT>
 void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
+  using Lay = Layout<T>;
   const int64_t nb = w.k / 32;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const int8_t* xr[NT];
-  for (int t = 0; t < NT; ++t) xr[t] = x.qrow(tb + t);
-  for (int64_t u = 0; u < w.units(); ++u) {
-    const uint8_t* cu = w.codes(g, u);
-    const uint8_t* su = w.scales(g, u);
-    __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  const float *dx[NT], *ds[NT];
+  for (int t = 0; t < NT; ++t) {
+    xr[t] = x.qrow(tb + t);
+    dx[t] = x.dx.data() + (tb + t) * nb;
+    ds[t] = (T == DType::Q6_K ? x.dsum16.data() + 2 * (tb + t) * nb : x.dsum32.data() + (tb + t) * nb);
+  }
+  const uint8_t* cb = w.codes(g, 0);
+  const uint8_t* su = w.scales(g, 0);
+  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  for (int64_t bi = 0; bi < nb; ++bi, cb += Lay::block_codes) {
+    const int blk = int(bi % Lay::blocks_per_unit);
+    if (blk == 0 && bi > 0) su += Lay::unit_scales;
     if constexpr (T == DType::Q4_K) {
-      d = f16x16(su);
-      dmin = f16x16(su + 32);
+      if (blk == 0) {
+        d = f16x16(su);
+        dmin = f16x16(su + 32);
+      }
     } else if constexpr (T == DType::Q6_K) {
-      d = f16x16(su);
+      if (blk == 0) d = f16x16(su);
     }
-    for (int blk = 0; blk < w.unit / 32; ++blk) {
-      const uint8_t* cb = cu + size_t(blk) * w.block_codes;
-      for (size_t off = 0; off < w.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
-      __m512i c[8];
-      unpack<T>(cb, c);
-      const int64_t kb = u * w.unit + 32 * blk, bi = kb / 32;
-      if constexpr (T == DType::Q6_K) {
-        for (int h = 0; h < 2; ++h) {
-          const __m512 a = _mm512_mul_ps(d, i8x16(su + 32 + 16 * (2 * blk + h)));
-          const __m512 b = _mm512_mul_ps(a, _mm512_set1_ps(-32.f));
-          for (int t = 0; t < NT; ++t) {
-            const __m512i s = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
-            const size_t xi = size_t((tb + t) * nb + bi);
-            acc[t] = accumulate(acc[t], s, a, b, x.dx[xi], x.dsum16[2 * xi + size_t(h)]);
-          }
-        }
-      } else {
-        __m512 a, b;
-        if constexpr (T == DType::Q4_K) {
-          a = _mm512_mul_ps(d, u8x16(su + 64 + 16 * blk));
-          b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))),
-                                                   _mm512_set1_epi32(int32_t(0x80000000u))));
-        } else {
-          a = f16x16(su);
-          constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
-          b = _mm512_mul_ps(a, _mm512_set1_ps(off));
-        }
+    for (size_t off = 0; off < Lay::block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
+    __m512i c[8];
+    unpack<T>(cb, c);
+    const int64_t kb = 32 * bi;
+    if constexpr (T == DType::Q6_K) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512 a = _mm512_mul_ps(d, i8x16(su + 32 + 16 * (2 * blk + h)));
+        const __m512 b = _mm512_mul_ps(a, _mm512_set1_ps(-32.f));
         for (int t = 0; t < NT; ++t) {
-          const size_t xi = size_t((tb + t) * nb + bi);
-          acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), a, b, x.dx[xi], x.dsum32[xi]);
+          const __m512i s = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
+          acc[t] = accumulate(acc[t], s, a, b, dx[t][bi], ds[t][2 * bi + h]);
         }
       }
+    } else {
+      __m512 a, b;
+      if constexpr (T == DType::Q4_K) {
+        a = _mm512_mul_ps(d, u8x16(su + 64 + 16 * blk));
+        b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))),
+                                                 _mm512_set1_epi32(int32_t(0x80000000u))));
+      } else {
+        a = f16x16(su);
+        constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
+        b = _mm512_mul_ps(a, _mm512_set1_ps(off));
+      }
+      for (int t = 0; t < NT; ++t) acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), a, b, dx[t][bi], ds[t][bi]);
     }
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
