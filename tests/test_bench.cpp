@@ -112,7 +112,8 @@ TEST(Bench, SyntheticSaveLoadsBackToTheSameModel) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& j = rows[i];
     for (const char* k : {"model", "dtype", "threads", "batch", "pp", "tg", "pp_tokens_per_s", "tg_tokens_per_s",
-                          "weight_bytes_per_token", "isa", "peak_rss_bytes", "weight_bytes", "kv_bytes"})
+                          "weight_bytes_per_token", "isa", "peak_rss_bytes", "weight_bytes", "kv_bytes",
+                          "quant_matmul"})
       ASSERT_TRUE(j.contains(k)) << k << " in " << j.dump();
     EXPECT_EQ(j["model"], "tiny");
     EXPECT_EQ(j["dtype"], "q4_0");
@@ -125,6 +126,8 @@ TEST(Bench, SyntheticSaveLoadsBackToTheSameModel) {
     const std::string isa = j["isa"];
     EXPECT_TRUE(isa == "scalar" || isa == "avx2" || isa == "avx512") << isa;
     EXPECT_NE(r.out.find(isa + " kernels"), std::string::npos) << r.out;  // in the stderr header
+    const std::string qm = j["quant_matmul"];
+    EXPECT_TRUE(qm == "int8" || qm == "exact") << qm;
     const double wb = j["weight_bytes"], kv = j["kv_bytes"], rss = j["peak_rss_bytes"];
     EXPECT_GT(kv, 0);
     EXPECT_GE(rss, wb);

@@ -17,6 +17,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/qmatmul.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -187,8 +188,11 @@ void run_bench(const BenchArgs& a) {
   else fail("bench: --dtype {} is not supported (auto, f32, bf16, f16, q8_0, q4_0, q4_k)", a.dtype);
 
   const char* isa = cpu::isa_name(cpu::kernels().isa);
-  std::fprintf(stderr, "bench: %s %s, %d threads, %s kernels: loading ...\n",
-               a.model.empty() ? ("synthetic " + a.synthetic).c_str() : a.model.c_str(), a.dtype.c_str(), threads, isa);
+  // How block-quantized matmuls run: the integer kernel (8-bit activations) or f32 activations.
+  const char* quant_matmul = cpu::qmatmul_kernel() ? "int8" : "exact";
+  std::fprintf(stderr, "bench: %s %s, %d threads, %s kernels, %s quantized matmuls: loading ...\n",
+               a.model.empty() ? ("synthetic " + a.synthetic).c_str() : a.model.c_str(), a.dtype.c_str(), threads, isa,
+               quant_matmul);
   auto t_load = Clock::now();
   // Synthetic weights are built in the dtype asked for (block types row by row), so the model
   // uses them as they are; a checkpoint is converted at load unless --dtype is auto.
@@ -267,7 +271,8 @@ void run_bench(const BenchArgs& a) {
                        {"pp_tokens_per_s", pp},  {"tg_tokens_per_s", tg},
                        {"weight_bytes_per_token", wbytes}, {"reps", a.reps},
                        {"isa", isa},             {"weight_bytes", weight_bytes},
-                       {"kv_bytes", kv_bytes},   {"peak_rss_bytes", rss}};
+                       {"kv_bytes", kv_bytes},   {"peak_rss_bytes", rss},
+                       {"quant_matmul", quant_matmul}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("| %s | %s | %s | %d | %d | %.2f | %.2f | %.3f | %.3f | %.3f | %.3f |\n", name.c_str(),
