@@ -85,11 +85,8 @@ void quantize_q4_0(const float* x, Q4_0* y, int64_t nb) {
 
 void quantize_q4_1(const float* x, Q4_1* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += 32) {
-    float min = x[0], max = x[0];
-    for (int j = 1; j < 32; ++j) {
-      min = std::min(min, x[j]);
-      max = std::max(max, x[j]);
-    }
+    const auto [lo, hi] = std::minmax_element(x, x + 32);
+    const float min = *lo, max = *hi;
     const float d = (max - min) / 15;
     const float id = d ? 1.0f / d : 0.0f;
     y[b].d = f2h(d);
@@ -126,11 +123,8 @@ void quantize_q5_0(const float* x, Q5_0* y, int64_t nb) {
 
 void quantize_q5_1(const float* x, Q5_1* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += 32) {
-    float min = x[0], max = x[0];
-    for (int j = 1; j < 32; ++j) {
-      min = std::min(min, x[j]);
-      max = std::max(max, x[j]);
-    }
+    const auto [lo, hi] = std::minmax_element(x, x + 32);
+    const float min = *lo, max = *hi;
     const float d = (max - min) / 31;
     const float id = d ? 1.0f / d : 0.0f;
     y[b].d = f2h(d);

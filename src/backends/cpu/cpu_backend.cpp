@@ -332,9 +332,9 @@ class CpuBackend final : public Backend {
     return view;
   }
 
-  // Block-quantized weights (GGUF files, --dtype q8_0/q4_0): decode reads each row with the fused
-  // dequantize-dot; batches dequantize a row once into f32 and reuse it for every token, so the
-  // numbers are those of the dequantized weights whatever the batch size.
+  // Block-quantized weights (GGUF files, --dtype q8_0/q4_0): packed ones take the integer kernel
+  // when it runs here; otherwise f32 activations: the GEMM on dequantized panels for many tokens,
+  // the fused dequantize-dot for one or two, a row dequantized once per call in between.
   void matmul_quantized(const Tensor& x, const Tensor& w, Tensor& y) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
     if (w.packed) {

@@ -22,19 +22,10 @@ using namespace blocks;
 //   8-bit codes:  byte 64q + 4r + i
 //   4-bit codes:  byte 64(q/2) + 4r + i, low nibble for even q, high nibble for odd q
 //   bit 4 / bit 5 of 5- and 6-bit codes: bit 4r + i of the little-endian qword at 256 + 8q / 320 + 8q
-struct CodeLayout {
-  int bits;
-  size_t block_bytes;
-};
-
-CodeLayout layout_of(DType t) {
-  switch (t) {
-    case DType::Q8_0: return {8, 512};
-    case DType::Q4_0: case DType::Q4_K: return {4, 256};
-    case DType::Q5_0: return {5, 320};
-    case DType::Q6_K: return {6, 384};
-    default: fail("qmatmul: {} cannot be packed", dtype_name(t));
-  }
+QLayout layout_of(DType t) {
+  const QLayout L = qlayout(t);
+  MB_CHECK(L.bits != 0, "qmatmul: {} cannot be packed", dtype_name(t));
+  return L;
 }
 
 unsigned get_code(const uint8_t* blk, int bits, int r, int kk) {
@@ -66,7 +57,7 @@ void put_block(uint8_t* blk, int bits, int r, const uint8_t (&c)[32]) {
 
 // Packs row r (0..15) of group g from its source row (the group's bytes start zeroed).
 void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
-  const CodeLayout L = layout_of(w.type);
+  const QLayout L = layout_of(w.type);
   uint8_t* gp = w.data.get() + size_t(g) * w.group_bytes;
   uint8_t c[32];
   for (int64_t u = 0; u < w.units(); ++u) {
@@ -116,7 +107,7 @@ void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
             const uint8_t byte = b.qs[32 * (j / 2) + l];
             c[l] = (j & 1) ? byte >> 4 : byte & 15u;
           }
-          put_block(cu + size_t(j) * L.block_bytes, 4, r, c);
+          put_block(cu + size_t(j) * L.block_codes, 4, r, c);
         }
         break;
       }
@@ -132,7 +123,7 @@ void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
             const unsigned lo = (q < 2 ? ql : ql >> 4) & 15u, hi = (b.qh[32 * h + l] >> (2 * q)) & 3u;
             c[l] = uint8_t(lo | (hi << 4));
           }
-          put_block(cu + size_t(blk) * L.block_bytes, 6, r, c);
+          put_block(cu + size_t(blk) * L.block_codes, 6, r, c);
         }
         break;
       }
@@ -184,11 +175,11 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   p->m = m;
   p->k = k;
   p->groups = (m + kQRows - 1) / kQRows;
-  const CodeLayout L = layout_of(t);
-  p->unit = (t == DType::Q4_K || t == DType::Q6_K) ? 256 : 32;
-  p->block_codes = L.block_bytes;
-  p->unit_codes = L.block_bytes * size_t(p->unit / 32);
-  p->unit_scales = t == DType::Q4_K ? 320 : t == DType::Q6_K ? 288 : 32;
+  const QLayout L = layout_of(t);
+  p->unit = 32 * L.blocks_per_unit;
+  p->block_codes = L.block_codes;
+  p->unit_codes = L.block_codes * size_t(L.blocks_per_unit);
+  p->unit_scales = L.unit_scales;
   p->scales_bytes = (size_t(p->units()) * p->unit_scales + 63) / 64 * 64;
   p->group_bytes = p->scales_bytes + size_t(p->units()) * p->unit_codes;
   const size_t total = p->bytes();
@@ -314,26 +305,20 @@ QMatmulFn qmatmul_kernel() {
   return qmatmul_avx512();
 }
 
-void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+namespace {
+
+// ys[i] (rows ldys[i] apart) = x · ws[i]ᵀ: x quantized once, all matrices' groups one region of
+// tasks worth at least ~64 KB of weights x tokens each.
+void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
+                 const std::vector<float*>& ys, const std::vector<int64_t>& ldys) {
+  MB_CHECK(!ws.empty() && ws.size() == ys.size(), "qmatmul: {} weights for {} outputs", ws.size(), ys.size());
   thread_local QActs caller_acts;
   QActs& acts = caller_acts;  // the lambda below runs on workers: name the caller's instance
-  quantize_acts(x, ldx, n, w.k, acts);
-  // Tasks of whole groups worth at least ~64 KB of weights x tokens; each runs all tokens.
-  const int64_t work = int64_t(w.group_bytes) * std::min<int64_t>(n, 16);
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, work));
-  ThreadPool::global().parallel_for(w.groups, grain, [&](int64_t g0, int64_t g1) { fn(w, acts, y, ldy, g0, g1, 0, n); });
-}
-
-void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
-                  const std::vector<float*>& ys) {
-  MB_CHECK(!ws.empty() && ws.size() == ys.size(), "qmatmul_many: {} weights for {} outputs", ws.size(), ys.size());
-  thread_local QActs caller_acts;
-  QActs& acts = caller_acts;
   quantize_acts(x, ldx, n, ws[0]->k, acts);
   std::vector<int64_t> first(ws.size() + 1, 0);  // global index of each matrix's first group
   int64_t bytes = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
-    MB_CHECK(ws[i]->k == ws[0]->k, "qmatmul_many: weights of {} and {} columns", ws[i]->k, ws[0]->k);
+    MB_CHECK(ws[i]->k == ws[0]->k, "qmatmul: weights of {} and {} columns", ws[i]->k, ws[0]->k);
     first[i + 1] = first[i] + ws[i]->groups;
     bytes += int64_t(ws[i]->bytes());
   }
@@ -343,9 +328,22 @@ void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const flo
   ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < ws.size() && b < e; ++i) {
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
-      if (lo < hi) fn(*ws[i], acts, ys[i], ws[i]->m, lo - first[i], hi - first[i], 0, n);
+      if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
     }
   });
+}
+
+}  // namespace
+
+void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+  run_matmuls(fn, {&w}, x, ldx, n, {y}, {ldy});
+}
+
+void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
+                  const std::vector<float*>& ys) {
+  std::vector<int64_t> ldys;
+  for (const QPacked* w : ws) ldys.push_back(w->m);
+  run_matmuls(fn, ws, x, ldx, n, ys, ldys);
 }
 
 }  // namespace mb::cpu

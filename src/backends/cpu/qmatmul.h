@@ -25,6 +25,26 @@ namespace mb::cpu {
 
 constexpr int kQRows = 16;  // rows per packed group
 
+// The packed layout per type, shared by the packer and the kernels (plain constants, so kernel
+// loops are pointer arithmetic). Per 16-row group and 32-k block: code bits and code bytes; per
+// unit (1 block, or the 8 blocks of a K super-block): the bytes of scales.
+struct QLayout {
+  int bits = 0;
+  size_t block_codes = 0;
+  int blocks_per_unit = 0;
+  size_t unit_scales = 0;
+};
+constexpr QLayout qlayout(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {8, 512, 1, 32};     // d[16] f16
+    case DType::Q4_0: return {4, 256, 1, 32};     // d[16] f16
+    case DType::Q5_0: return {5, 320, 1, 32};     // d[16] f16
+    case DType::Q4_K: return {4, 256, 8, 320};    // d[16], dmin[16] f16; sc[8][16], m[8][16] u8
+    case DType::Q6_K: return {6, 384, 8, 288};    // d[16] f16; sc[16][16] i8
+    default: return {};
+  }
+}
+
 struct QPacked {
   DType type = DType::F32;
   int64_t m = 0, k = 0, groups = 0;

@@ -73,16 +73,9 @@ inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, 
 // Bytes ahead of the codes being read that each block prefetches.
 constexpr size_t kPrefetch = 2048;
 
-// The packed layout of qmatmul.cpp as constants, so the block loop is plain pointer arithmetic.
-template <DType T> struct Layout {
-  static constexpr size_t block_codes = T == DType::Q8_0 ? 512 : T == DType::Q5_0 ? 320 : T == DType::Q6_K ? 384 : 256;
-  static constexpr int blocks_per_unit = (T == DType::Q4_K || T == DType::Q6_K) ? 8 : 1;
-  static constexpr size_t unit_scales = T == DType::Q4_K ? 320 : T == DType::Q6_K ? 288 : 32;
-};
-
 template <DType T, int NT>
 void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
-  using Lay = Layout<T>;
+  constexpr QLayout Lay = qlayout(T);
   const int64_t nb = w.k / 32;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -96,9 +89,9 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
   const uint8_t* cb = w.codes(g, 0);
   const uint8_t* su = w.scales(g, 0);
   __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
-  for (int64_t bi = 0; bi < nb; ++bi, cb += Lay::block_codes) {
-    const int blk = int(bi % Lay::blocks_per_unit);
-    if (blk == 0 && bi > 0) su += Lay::unit_scales;
+  for (int64_t bi = 0; bi < nb; ++bi, cb += Lay.block_codes) {
+    const int blk = int(bi % Lay.blocks_per_unit);
+    if (blk == 0 && bi > 0) su += Lay.unit_scales;
     if constexpr (T == DType::Q4_K) {
       if (blk == 0) {
         d = f16x16(su);
@@ -107,7 +100,7 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
     } else if constexpr (T == DType::Q6_K) {
       if (blk == 0) d = f16x16(su);
     }
-    for (size_t off = 0; off < Lay::block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
+    for (size_t off = 0; off < Lay.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
     __m512i c[8];
     unpack<T>(cb, c);
     const int64_t kb = 32 * bi;
