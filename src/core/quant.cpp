@@ -419,7 +419,10 @@ void quantize_q6_k(const float* x, Q6_K* y, int64_t nb) {
   }
 }
 
-void dequantize_q4_k(const Q4_K* x, float* y, int64_t nb) {
+// Q4_K and Q5_K: 64-element groups, low nibbles with sub-block 2g, high nibbles with 2g + 1; Q5_K
+// adds bit 2g / 2g + 1 of qh as the fifth bit.
+template <bool kFifthBit, class Block>
+void dequantize_q45_k(const Block* x, float* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
     const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
     for (int g = 0; g < 4; ++g, y += 64) {
@@ -429,25 +432,15 @@ void dequantize_q4_k(const Q4_K* x, float* y, int64_t nb) {
       k_scale_min(2 * g + 1, x[b].scales, sc, m);
       const float d2 = d * sc, m2 = dmin * m;
       const uint8_t* q = x[b].qs + 32 * g;
-      for (int l = 0; l < 32; ++l) y[l] = d1 * float(q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * float(q[l] >> 4) - m2;
-    }
-  }
-}
-
-void dequantize_q5_k(const Q5_K* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
-    for (int g = 0; g < 4; ++g, y += 64) {
-      int sc, m;
-      k_scale_min(2 * g, x[b].scales, sc, m);
-      const float d1 = d * sc, m1 = dmin * m;
-      k_scale_min(2 * g + 1, x[b].scales, sc, m);
-      const float d2 = d * sc, m2 = dmin * m;
-      const uint8_t* q = x[b].qs + 32 * g;
-      const uint8_t* qh = x[b].qh;
-      for (int l = 0; l < 32; ++l) y[l] = d1 * float((q[l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4)) - m1;
-      for (int l = 0; l < 32; ++l) y[32 + l] = d2 * float((q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
+      for (int l = 0; l < 32; ++l) {
+        int lo = q[l] & 0xF, hi = q[l] >> 4;
+        if constexpr (kFifthBit) {
+          lo |= ((x[b].qh[l] >> (2 * g)) & 1) << 4;
+          hi |= ((x[b].qh[l] >> (2 * g + 1)) & 1) << 4;
+        }
+        y[l] = d1 * float(lo) - m1;
+        y[32 + l] = d2 * float(hi) - m2;
+      }
     }
   }
 }
@@ -515,8 +508,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_1: return dequantize_q4_1(static_cast<const Q4_1*>(src), dst, nb);
     case DType::Q5_0: return dequantize_q5_0(static_cast<const Q5_0*>(src), dst, nb);
     case DType::Q5_1: return dequantize_q5_1(static_cast<const Q5_1*>(src), dst, nb);
-    case DType::Q4_K: return dequantize_q4_k(static_cast<const Q4_K*>(src), dst, nb);
-    case DType::Q5_K: return dequantize_q5_k(static_cast<const Q5_K*>(src), dst, nb);
+    case DType::Q4_K: return dequantize_q45_k<false>(static_cast<const Q4_K*>(src), dst, nb);
+    case DType::Q5_K: return dequantize_q45_k<true>(static_cast<const Q5_K*>(src), dst, nb);
     case DType::Q6_K: return dequantize_q6_k(static_cast<const Q6_K*>(src), dst, nb);
     default: fail("cannot dequantize {}", dtype_name(t));
   }

@@ -285,28 +285,28 @@ GgufValue GgufValue::make_string(std::string v) {
   return g;
 }
 
-GgufValue GgufValue::make_int_array(GgufType elem, const std::vector<int64_t>& v) {
+namespace {
+// An array of `elem` scalars, each encoded by make(elem, value) and appended as its raw bits.
+template <class T, class Make>
+GgufValue scalar_array(GgufType elem, const std::vector<T>& v, Make make) {
   GgufValue g;
   g.type = GgufType::ARRAY;
   g.elem = elem;
-  for (int64_t x : v) {
-    const GgufValue s = make_int(elem, x);
+  for (const T& x : v) {
+    const GgufValue s = make(elem, x);
     g.raw.insert(g.raw.end(), reinterpret_cast<const uint8_t*>(&s.bits),
                  reinterpret_cast<const uint8_t*>(&s.bits) + scalar_size(elem));
   }
   return g;
 }
+}  // namespace
+
+GgufValue GgufValue::make_int_array(GgufType elem, const std::vector<int64_t>& v) {
+  return scalar_array(elem, v, GgufValue::make_int);
+}
 
 GgufValue GgufValue::make_float_array(GgufType elem, const std::vector<double>& v) {
-  GgufValue g;
-  g.type = GgufType::ARRAY;
-  g.elem = elem;
-  for (double x : v) {
-    const GgufValue s = make_float(elem, x);
-    g.raw.insert(g.raw.end(), reinterpret_cast<const uint8_t*>(&s.bits),
-                 reinterpret_cast<const uint8_t*>(&s.bits) + scalar_size(elem));
-  }
-  return g;
+  return scalar_array(elem, v, GgufValue::make_float);
 }
 
 GgufValue GgufValue::make_bool_array(const std::vector<bool>& v) {
