@@ -18,6 +18,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -140,6 +144,7 @@ const KernelTable kScalar = {
 
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, avx512_vnni = false;
+  bool avx512_bf16 = false, amx_int8 = false, amx_bf16 = false;  // AMX: the CPU and the OS's XCR0
 };
 
 CpuFeatures detect_features() {
@@ -159,6 +164,11 @@ CpuFeatures detect_features() {
   f.avx2 = ymm_os && avx2 && fma && f16c;
   f.avx512 = f.avx2 && zmm_os && f512 && dq && bw && vl;
   f.avx512_vnni = f.avx512 && (c & (1u << 11));
+  const bool tiles_os = (xlo & 0x60000u) == 0x60000u;  // XTILECFG + XTILEDATA
+  const bool amx_tile = d & (1u << 24);
+  f.amx_int8 = f.avx512_vnni && tiles_os && amx_tile && (d & (1u << 25));
+  f.amx_bf16 = f.avx512 && tiles_os && amx_tile && (d & (1u << 22));
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512 && (a & (1u << 5));
 #endif
   return f;
 }
@@ -241,6 +251,28 @@ Isa set_isa(Isa isa) {
 }
 
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
+bool cpu_has_avx512_bf16() { return features().avx512_bf16; }
+
+namespace {
+// Linux hands out the 8 KB tile state only to processes that ask (arch_prctl
+// ARCH_REQ_XCOMP_PERM); until then the first tile instruction faults. Asked once per process.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(__x86_64__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (std::getenv("MARKBASE_AMX") && std::string(std::getenv("MARKBASE_AMX")) == "0") return false;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+bool amx_permitted() {
+  static const bool ok = (features().amx_int8 || features().amx_bf16) && request_amx_permission();
+  return ok;
+}
+}  // namespace
+
+bool cpu_amx_int8_ready() { return features().amx_int8 && amx_permitted(); }
+bool cpu_amx_bf16_ready() { return features().amx_bf16 && amx_permitted(); }
 
 const char* isa_name(Isa isa) {
   switch (isa) {

@@ -20,6 +20,11 @@ Isa set_isa(Isa isa);
 Isa best_isa();
 const char* isa_name(Isa isa);
 bool cpu_has_avx512_vnni();
+bool cpu_has_avx512_bf16();
+// Whether AMX tiles (INT8 / BF16) can run: the CPU has them, the OS enables their state and granted
+// this process the permission Linux requires (requested on the first call). MARKBASE_AMX=0 says no.
+bool cpu_amx_int8_ready();
+bool cpu_amx_bf16_ready();
 
 bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);
