@@ -142,8 +142,8 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
 
 void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k) {
   [[maybe_unused]] static const bool measured = measure_membw();
-  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
-  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel();  // AMX where allowed (MARKBASE_AMX=0: VNNI)
+  if (!fn) {
     state.SkipWithError("no AVX-512 VNNI");
     return;
   }

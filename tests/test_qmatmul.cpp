@@ -138,12 +138,12 @@ TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
   }
 }
 
-TEST(QMatmul, Avx512VnniEqualsScalarTwinBitForBit) {
-  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
-  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
-  std::mt19937 rng(4);
+// fn equals qmatmul_ref bit for bit for every type at each batch size n, called directly and
+// through the threaded driver (which quantizes the tokens again inside).
+void expect_equals_scalar_twin(mb::cpu::QMatmulFn fn, std::initializer_list<int64_t> ns, uint32_t seed) {
+  std::mt19937 rng(seed);
   for (DType t : kTypes)
-    for (int64_t n : {1, 2, 3, 4, 5, 9}) {
+    for (int64_t n : ns) {
       const int64_t m = 53, k = 512;
       QuantMatrix q = make_matrix(t, m, k, rng);
       auto p = mb::cpu::qpack(t, q.bytes.data(), m, k);
@@ -157,11 +157,23 @@ TEST(QMatmul, Avx512VnniEqualsScalarTwinBitForBit) {
         ASSERT_TRUE(std::isfinite(got[i]));
         ASSERT_EQ(got[i], want[i]) << mb::dtype_name(t) << " n " << n << " at " << i;
       }
-      // The threaded driver (tokens quantized again inside) gives the same numbers.
       std::vector<float> drv(size_t(n * m), -1.f);
       mb::cpu::qmatmul(fn, *p, x.data(), k, n, drv.data(), m);
       ASSERT_EQ(drv, want) << mb::dtype_name(t) << " n " << n;
     }
+}
+
+TEST(QMatmul, Avx512VnniEqualsScalarTwinBitForBit) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
+  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
+  expect_equals_scalar_twin(fn, {1, 2, 3, 4, 5, 9}, 4);
+}
+
+// Whole tiles of 16 tokens run on AMX, the rest on VNNI: sizes on both sides of the tile.
+TEST(QMatmul, AmxEqualsScalarTwinBitForBit) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_amx();
+  if (!fn || !mb::cpu::cpu_amx_int8_ready()) GTEST_SKIP() << "no AMX-INT8 on this CPU/OS/build";
+  expect_equals_scalar_twin(fn, {15, 16, 17, 32, 45, 70}, 7);
 }
 
 // Through the backend: a packed weight takes the integer path by default and the f32-activation
@@ -192,7 +204,7 @@ TEST(QMatmul, BackendSwitchesBetweenIntegerAndExactPaths) {
     }
   mb::cpu::set_quant_matmul_exact(false);
   be->matmul(x, w, y);
-  if (mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel()) {
+  if (mb::cpu::qmatmul_kernel()) {
     mb::cpu::QActs a;
     mb::cpu::quantize_acts(xv.data(), k, n, k, a);
     std::vector<float> want(size_t(n * m));

@@ -302,6 +302,7 @@ bool set_quant_matmul_exact(bool exact) {
 
 QMatmulFn qmatmul_kernel() {
   if (quant_matmul_exact() || kernels().isa != Isa::Avx512 || !cpu_has_avx512_vnni()) return nullptr;
+  if (QMatmulFn amx = qmatmul_amx(); amx && cpu_amx_int8_ready()) return amx;
   return qmatmul_avx512();
 }
 

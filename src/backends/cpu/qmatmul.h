@@ -95,8 +95,13 @@ void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_
                  int64_t t1);
 // The AVX-512 VNNI kernel; null when this build or CPU lacks it.
 QMatmulFn qmatmul_avx512();
-// The kernel the integer path uses now: the AVX-512 VNNI one when the active kernel table is
-// AVX-512 and the CPU has VNNI, else null (the caller then takes the f32-activation path).
+// The AMX kernel: whole tiles of 16 tokens on AMX-INT8, the rest through the VNNI kernel; equal to
+// qmatmul_ref bit for bit like it. Null when this build lacks AMX (cpu_amx_int8_ready() says
+// whether the CPU and OS can run it).
+QMatmulFn qmatmul_amx();
+// The kernel the integer path uses now: AMX when the CPU and OS allow it, else the AVX-512 VNNI
+// one, when the active kernel table is AVX-512 and the CPU has VNNI; else null (the caller then
+// takes the f32-activation path).
 QMatmulFn qmatmul_kernel();
 // Process-wide choice between the integer path (default) and the f32-activation path; the
 // default comes from MARKBASE_QUANT_MATMUL=int8|exact. Returns the previous setting.

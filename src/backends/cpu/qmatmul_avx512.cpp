@@ -7,7 +7,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace mb::cpu {
 namespace {
@@ -73,6 +76,37 @@ inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, 
 // Bytes ahead of the codes being read that each block prefetches.
 constexpr size_t kPrefetch = 2048;
 
+// The per-unit f16 scales of the K types (d, and dmin for Q4_K), loaded once per 8 blocks.
+template <DType T> inline void unit_scales(const uint8_t* su, __m512& d, __m512& dmin) {
+  if constexpr (T == DType::Q4_K) {
+    d = f16x16(su);
+    dmin = f16x16(su + 32);
+  } else if constexpr (T == DType::Q6_K) {
+    d = f16x16(su);
+  }
+}
+
+// Weight scale a and offset b of the 16 rows for block blk of a unit (half h of it for Q6_K), in
+// the scalar twin's order of operations.
+struct BlockScales {
+  __m512 a, b;
+};
+template <DType T> inline BlockScales block_scales(const uint8_t* su, int blk, int h, __m512 d, __m512 dmin) {
+  if constexpr (T == DType::Q6_K) {
+    const __m512 a = _mm512_mul_ps(d, i8x16(su + 32 + 16 * (2 * blk + h)));
+    return {a, _mm512_mul_ps(a, _mm512_set1_ps(-32.f))};
+  } else if constexpr (T == DType::Q4_K) {
+    const __m512 a = _mm512_mul_ps(d, u8x16(su + 64 + 16 * blk));
+    const __m512 b = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))), _mm512_set1_epi32(int32_t(0x80000000u))));
+    return {a, b};
+  } else {
+    const __m512 a = f16x16(su);
+    constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
+    return {a, _mm512_mul_ps(a, _mm512_set1_ps(off))};
+  }
+}
+
 template <DType T, int NT>
 void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
   constexpr QLayout Lay = qlayout(T);
@@ -92,39 +126,22 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
   for (int64_t bi = 0; bi < nb; ++bi, cb += Lay.block_codes) {
     const int blk = int(bi % Lay.blocks_per_unit);
     if (blk == 0 && bi > 0) su += Lay.unit_scales;
-    if constexpr (T == DType::Q4_K) {
-      if (blk == 0) {
-        d = f16x16(su);
-        dmin = f16x16(su + 32);
-      }
-    } else if constexpr (T == DType::Q6_K) {
-      if (blk == 0) d = f16x16(su);
-    }
+    if (blk == 0) unit_scales<T>(su, d, dmin);
     for (size_t off = 0; off < Lay.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
     __m512i c[8];
     unpack<T>(cb, c);
     const int64_t kb = 32 * bi;
     if constexpr (T == DType::Q6_K) {
       for (int h = 0; h < 2; ++h) {
-        const __m512 a = _mm512_mul_ps(d, i8x16(su + 32 + 16 * (2 * blk + h)));
-        const __m512 b = _mm512_mul_ps(a, _mm512_set1_ps(-32.f));
+        const BlockScales s = block_scales<T>(su, blk, h, d, dmin);
         for (int t = 0; t < NT; ++t) {
-          const __m512i s = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
-          acc[t] = accumulate(acc[t], s, a, b, dx[t][bi], ds[t][2 * bi + h]);
+          const __m512i dt = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
+          acc[t] = accumulate(acc[t], dt, s.a, s.b, dx[t][bi], ds[t][2 * bi + h]);
         }
       }
     } else {
-      __m512 a, b;
-      if constexpr (T == DType::Q4_K) {
-        a = _mm512_mul_ps(d, u8x16(su + 64 + 16 * blk));
-        b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))),
-                                                 _mm512_set1_epi32(int32_t(0x80000000u))));
-      } else {
-        a = f16x16(su);
-        constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
-        b = _mm512_mul_ps(a, _mm512_set1_ps(off));
-      }
-      for (int t = 0; t < NT; ++t) acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), a, b, dx[t][bi], ds[t][bi]);
+      const BlockScales s = block_scales<T>(su, blk, 0, d, dmin);
+      for (int t = 0; t < NT; ++t) acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), s.a, s.b, dx[t][bi], ds[t][bi]);
     }
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
@@ -162,6 +179,206 @@ void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0,
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// AMX: one TDPBSUD multiplies 16 tokens x 32 activation bytes (signed) by one 32-k block of a
+// group's codes (unsigned), which the packed layout already stores the way a B tile wants them
+// (4 consecutive k of each of the 16 rows per 64-byte row): 16 x 16 int32 dots in one instruction,
+// where the VNNI kernel needs 128. Every block (half-block for Q6_K) has its own scale, so tiles
+// never span blocks; the scaling runs in AVX-512 on the stored tile in the scalar twin's order,
+// which keeps the result equal to qmatmul_ref bit for bit.
+namespace amx {
+
+// Tile registers as used below (the _tile_* macros need them as literals): 0, 5, 6, 7 hold the dots
+// of up to 4 sub-blocks in flight, 1/3 activations and 2/4 codes, alternating so that consecutive
+// loads do not wait on the previous product. A sub-block is 32 k, or 16 k for Q6_K (its scales
+// change every 16): the two shapes are two configurations.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig make_config(int sub_k) {
+  TileConfig t;
+  for (int i : {0, 5, 6, 7}) t.rows[i] = 16, t.colsb[i] = 64;          // 16 tokens x 16 int32
+  for (int i : {1, 3}) t.rows[i] = 16, t.colsb[i] = uint16_t(sub_k);  // 16 tokens x sub_k bytes
+  for (int i : {2, 4}) t.rows[i] = uint8_t(sub_k / 4), t.colsb[i] = 64;  // sub_k / 4 quads x 16 rows
+  return t;
+}
+const TileConfig& config(int sub_k) {
+  static const TileConfig c32 = make_config(32), c16 = make_config(16);
+  return sub_k == 16 ? c16 : c32;
+}
+
+// Dots of cnt (1..4) sub-blocks: tokens' bytes at xa[j] (rows ldx apart), codes at cb[j], into
+// dots[j] (16 tokens x 16 rows). All products are issued before the first store.
+inline void tile_dots(const int8_t* const (&xa)[4], const uint8_t* const (&cb)[4], int cnt, int64_t ldx,
+                      int32_t (*dots)[256]) {
+  _tile_zero(0);
+  _tile_loadd(1, xa[0], ldx);
+  _tile_loadd(2, cb[0], 64);
+  _tile_dpbsud(0, 1, 2);
+  if (cnt > 1) {
+    _tile_zero(5);
+    _tile_loadd(3, xa[1], ldx);
+    _tile_loadd(4, cb[1], 64);
+    _tile_dpbsud(5, 3, 4);
+  }
+  if (cnt > 2) {
+    _tile_zero(6);
+    _tile_loadd(1, xa[2], ldx);
+    _tile_loadd(2, cb[2], 64);
+    _tile_dpbsud(6, 1, 2);
+  }
+  if (cnt > 3) {
+    _tile_zero(7);
+    _tile_loadd(3, xa[3], ldx);
+    _tile_loadd(4, cb[3], 64);
+    _tile_dpbsud(7, 3, 4);
+  }
+  _tile_stored(0, dots[0], 64);
+  if (cnt > 1) _tile_stored(5, dots[1], 64);
+  if (cnt > 2) _tile_stored(6, dots[2], 64);
+  if (cnt > 3) _tile_stored(7, dots[3], 64);
+}
+
+// 64-byte aligned scratch kept per thread.
+struct Scratch {
+  uint8_t* p = nullptr;
+  size_t cap = 0;
+  ~Scratch() { std::free(p); }
+  template <typename E> E* get(size_t n) {
+    const size_t bytes = (n * sizeof(E) + 63) / 64 * 64;
+    if (bytes > cap) {
+      std::free(p);
+      p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+      MB_CHECK(p != nullptr, "qmatmul: out of memory for {} bytes of AMX scratch", bytes);
+      cap = bytes;
+    }
+    return reinterpret_cast<E*>(p);
+  }
+};
+
+// Codes of groups [g0, g1) with every block widened to 8 bits (512 bytes per 32-k block, a group's
+// blocks contiguous) into out; Q8_0's packed codes are that already and are not copied.
+template <DType T> void widen_groups(const QPacked& w, int64_t g0, int64_t g1, uint8_t* out) {
+  constexpr QLayout Lay = qlayout(T);
+  const int64_t nb = w.k / 32;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* cb = w.codes(g, 0);
+    for (int64_t bi = 0; bi < nb; ++bi, cb += Lay.block_codes, out += 512) {
+      __m512i c[8];
+      unpack<T>(cb, c);
+      for (int q = 0; q < 8; ++q) _mm512_store_si512(out + 64 * q, c[q]);
+    }
+  }
+}
+
+// The activation scales of one tile of 16 tokens, sub-block major (dx[bi][t], dsum[s][t]), so the
+// scaling loop reads them at fixed offsets from two pointers.
+template <DType T> void tile_scales(const QActs& x, int64_t tb, float* dx, float* dsum) {
+  const int64_t nb = x.k / 32, ns = T == DType::Q6_K ? 2 * nb : nb;
+  const float* ds = T == DType::Q6_K ? x.dsum16.data() : x.dsum32.data();
+  for (int t = 0; t < 16; ++t) {
+    for (int64_t bi = 0; bi < nb; ++bi) dx[bi * 16 + t] = x.dx[size_t((tb + t) * nb + bi)];
+    for (int64_t si = 0; si < ns; ++si) dsum[si * 16 + t] = ds[size_t((tb + t) * ns + si)];
+  }
+}
+
+// acc[t] += the scaled dots of one stored 16x16 tile (token t's row at dots + 16t).
+inline void accumulate_tile(__m512 (&acc)[16], const int32_t* dots, const BlockScales& s, const float* dx,
+                            const float* dsum) {
+  for (int t = 0; t < 16; ++t)
+    acc[t] = accumulate(acc[t], _mm512_load_si512(dots + 16 * t), s.a, s.b, dx[t], dsum[t]);
+}
+
+// Tokens [tb, tb + 16) of group g: codes widened, dx/dsum from tile_scales.
+template <DType T>
+void group_tile(const QPacked& w, const QActs& x, const uint8_t* codes, const float* dx, const float* dsum,
+                int64_t g, int64_t tb, float* y, int64_t ldy, __mmask16 rows) {
+  constexpr QLayout Lay = qlayout(T);
+  constexpr int sub = T == DType::Q6_K ? 16 : 32;  // k per sub-block
+  constexpr int per_block = 32 / sub;
+  // Two buffers of 4 sub-blocks' dots: the tile unit computes the next 4 while the vector unit
+  // scales the last 4.
+  alignas(64) int32_t dots[2][4][256];
+  const int64_t ns = w.k / sub, ldx = x.k;
+  const int8_t* xq = x.qrow(tb);
+  auto issue = [&](int64_t s0) {
+    const int8_t* xa[4];
+    const uint8_t* cb[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t sj = std::min(s0 + j, ns - 1);
+      xa[j] = xq + sub * sj;
+      cb[j] = codes + 16 * sub * sj;
+    }
+    tile_dots(xa, cb, int(std::min<int64_t>(4, ns - s0)), ldx, dots[(s0 / 4) & 1]);
+  };
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  issue(0);
+  for (int64_t s0 = 0; s0 < ns; s0 += 4) {
+    if (s0 + 4 < ns) issue(s0 + 4);
+    const int cnt = int(std::min<int64_t>(4, ns - s0));
+    for (int j = 0; j < cnt; ++j) {
+      const int64_t sj = s0 + j, bi = sj / per_block;
+      const int blk = int(bi % Lay.blocks_per_unit), h = int(sj % per_block);
+      const uint8_t* su = w.scales(g, bi / Lay.blocks_per_unit);
+      if (blk == 0 && h == 0) unit_scales<T>(su, d, dmin);
+      accumulate_tile(acc, dots[(s0 / 4) & 1][j], block_scales<T>(su, blk, h, d, dmin), dx + 16 * bi, dsum + 16 * sj);
+    }
+  }
+  for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
+}
+
+template <DType T>
+void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  const int64_t full = t0 + (t1 - t0) / 16 * 16;  // whole tiles of 16 tokens; the rest takes VNNI
+  if (full > t0) {
+    thread_local Scratch code_buf, scale_buf;
+    const int64_t nb = w.k / 32, ns = T == DType::Q6_K ? 2 * nb : nb;
+    float* dx = scale_buf.get<float>(size_t(16 * (nb + ns)));
+    float* dsum = dx + 16 * nb;
+    // Stretches of groups whose widened codes (~256 KB) stay in L2 while every token tile of
+    // the stretch reads them; each tile's activations stay in L1 across the stretch's groups.
+    const int64_t stretch = std::max<int64_t>(1, (int64_t(256) << 10) / (16 * w.k));
+    _tile_loadconfig(&config(T == DType::Q6_K ? 16 : 32));
+    for (int64_t gs = g0; gs < g1; gs += stretch) {
+      const int64_t ge = std::min(g1, gs + stretch);
+      uint8_t* wide = nullptr;
+      if constexpr (T != DType::Q8_0) {
+        wide = code_buf.get<uint8_t>(size_t(ge - gs) * size_t(nb) * 512);
+        widen_groups<T>(w, gs, ge, wide);
+      }
+      for (int64_t tb = t0; tb < full; tb += 16) {
+        tile_scales<T>(x, tb, dx, dsum);
+        for (int64_t g = gs; g < ge; ++g) {
+          const int64_t valid = std::min<int64_t>(kQRows, w.m - g * kQRows);
+          const uint8_t* codes = T == DType::Q8_0 ? w.codes(g, 0) : wide + size_t(g - gs) * size_t(nb) * 512;
+          group_tile<T>(w, x, codes, dx, dsum, g, tb, y, ldy, __mmask16((1u << valid) - 1u));
+        }
+      }
+    }
+    _tile_release();
+  }
+  if (full < t1) mb::cpu::kernel_t<T>(w, x, y, ldy, g0, g1, full, t1);
+}
+
+void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  switch (w.type) {
+    case DType::Q8_0: return kernel_t<DType::Q8_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q4_0: return kernel_t<DType::Q4_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q5_0: return kernel_t<DType::Q5_0>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q4_K: return kernel_t<DType::Q4_K>(w, x, y, ldy, g0, g1, t0, t1);
+    case DType::Q6_K: return kernel_t<DType::Q6_K>(w, x, y, ldy, g0, g1, t0, t1);
+    default: return qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
+  }
+}
+
+}  // namespace amx
+#endif
+
 // quantize_acts_ref with 32 values per step: amax, d = amax / 127, q = round-to-even(x / d·...)
 // in the same float operations, so the bytes and scales are identical.
 void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
@@ -190,6 +407,11 @@ void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a
 }  // namespace
 
 QMatmulFn qmatmul_avx512() { return kernel; }
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+QMatmulFn qmatmul_amx() { return amx::kernel; }
+#else
+QMatmulFn qmatmul_amx() { return nullptr; }
+#endif
 QuantizeActsFn quantize_acts_avx512() { return quantize_rows; }
 
 }  // namespace mb::cpu
@@ -198,6 +420,7 @@ QuantizeActsFn quantize_acts_avx512() { return quantize_rows; }
 
 namespace mb::cpu {
 QMatmulFn qmatmul_avx512() { return nullptr; }
+QMatmulFn qmatmul_amx() { return nullptr; }
 QuantizeActsFn quantize_acts_avx512() { return nullptr; }
 }  // namespace mb::cpu
 
