@@ -236,6 +236,32 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
   }
 }
 
+// The logit softcap: within 2e-6 of cap * std::tanh(x / cap) (relative, or absolute in units of
+// cap) across the range a model produces, including the switch between the two tanh forms, exact
+// zeros and saturation; tails of every length stay untouched past n.
+TEST(KernelElementwise, SoftcapMatchesStdTanh) {
+  std::mt19937 rng(8);
+  for (Isa isa : paths()) {
+    const mb::cpu::KernelTable& K = *mb::cpu::kernels_for(isa);
+    for (float cap : {30.f, 50.f}) {
+      std::vector<float> x = randn(4000, rng, 40.f);
+      for (float v : {0.f, -0.f, 1e-30f, -1e-20f, 7.4999f, 7.5f, 7.5001f, -7.5f, 1e4f, -1e4f, 1e30f, -1e30f})
+        x.push_back(v * cap / 30.f);
+      for (int i = 0; i < 200; ++i) x.push_back(cap * (0.2f + 0.0005f * float(i)));  // around |x / cap| = 1/4
+      const int64_t n = int64_t(x.size()) - 3;
+      std::vector<float> y = x;
+      K.softcap(y.data(), n, cap);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = double(cap) * std::tanh(double(x[size_t(i)]) / double(cap));
+        ASSERT_TRUE(std::isfinite(y[size_t(i)]));
+        ASSERT_NEAR(y[size_t(i)], want, 2e-6 * std::max(std::fabs(want), 1e-3 * cap) + 1e-37)
+            << mb::cpu::isa_name(isa) << " x " << x[size_t(i)];
+      }
+      for (size_t i = size_t(n); i < x.size(); ++i) EXPECT_EQ(y[i], x[i]);
+    }
+  }
+}
+
 // Fills a KV store as the runtime does (positions 0..len-1 in order, ring slots overwritten) and
 // runs attention for the last n positions.
 struct AttnCase {
@@ -432,6 +458,52 @@ TEST(ThreadPoolContract, SleepsAndWakesBetweenRegions) {
     pool.parallel_for(1 << 16, 1, [&](int64_t b, int64_t e) { s += e - b; });
     EXPECT_EQ(s.load(), 1 << 16);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The CPU backend's fused ops give exactly the numbers of the single ops they replace (the
+// Backend defaults), for every norm flavour, with zero frequencies (unrotated pairs) and a scale.
+TEST(BackendFusedOps, EqualTheSingleOpsTheyReplace) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(9);
+  const int64_t n = 5, heads = 3, hd = 64, d = 96;
+  auto fill = [&](mb::Tensor& t, float sd) {
+    auto v = randn(size_t(t.numel()), rng, sd);
+    std::copy(v.begin(), v.end(), t.f32());
+  };
+  mb::Tensor w_hd = mb::host_tensor(DType::F32, {hd}), w_d = mb::host_tensor(DType::F32, {d});
+  fill(w_hd, 0.5f);
+  fill(w_d, 0.5f);
+  std::vector<int32_t> pos = {0, 1, 7, 300, 4095};
+  std::vector<float> inv_freq(size_t(hd / 2), 0.f);
+  for (int64_t j = 0; j < hd / 4; ++j) inv_freq[size_t(j)] = std::pow(10000.f, -float(2 * j) / float(hd));
+  for (bool add_one : {false, true})
+    for (const mb::Tensor* w : std::vector<const mb::Tensor*>{nullptr, &w_hd}) {
+      mb::Tensor a = mb::host_tensor(DType::F32, {n, heads, hd}), b = mb::host_tensor(DType::F32, {n, heads, hd});
+      fill(a, 2.f);
+      std::copy(a.f32(), a.f32() + a.numel(), b.f32());
+      be->rms_norm_rope(a, w, 1e-6f, add_one, pos.data(), inv_freq.data());
+      be->mb::Backend::rms_norm_rope(b, w, 1e-6f, add_one, pos.data(), inv_freq.data());
+      for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], b.f32()[i]) << i;
+    }
+  for (float scale : {1.f, 0.7f})
+    for (const mb::Tensor* w : std::vector<const mb::Tensor*>{nullptr, &w_d}) {
+      mb::Tensor x1 = mb::host_tensor(DType::F32, {n, d}), x2 = mb::host_tensor(DType::F32, {n, d});
+      mb::Tensor r1 = mb::host_tensor(DType::F32, {n, d}), r2 = mb::host_tensor(DType::F32, {n, d});
+      fill(x1, 3.f);
+      fill(r1, 1.f);
+      std::copy(x1.f32(), x1.f32() + x1.numel(), x2.f32());
+      std::copy(r1.f32(), r1.f32() + r1.numel(), r2.f32());
+      be->add_rms_norm(x1, r1, w, 1e-6f, true, scale);
+      be->mb::Backend::add_rms_norm(x2, r2, w, 1e-6f, true, scale);
+      for (int64_t i = 0; i < x1.numel(); ++i) {
+        ASSERT_EQ(x1.f32()[i], x2.f32()[i]) << i;
+        ASSERT_TRUE(std::isfinite(x1.f32()[i]));
+      }
+    }
 }
 
 }  // namespace

@@ -58,6 +58,24 @@ class Backend {
   // Half-split ("NeoX") rotary embedding in place. x [n, heads, head_dim]; inv_freq has
   // head_dim/2 entries (zeros leave their pair untouched); pos[n] absolute positions.
   virtual void rope(Tensor& x, const int32_t* pos, const float* inv_freq) = 0;
+
+  // Fused forms of the sequences above that models run back to back; a backend may do each in one
+  // pass over memory. The defaults compose the single ops, and an override must give the same
+  // numbers.
+  // rms_norm of each head of x [n, heads, head_dim] in place, then rope (query/key normalisation).
+  virtual void rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
+                             const float* inv_freq) {
+    Tensor rows = x.reshaped({x.dim(0) * x.dim(1), x.dim(2)});
+    rms_norm(rows, w, eps, add_one, rows);
+    rope(x, pos, inv_freq);
+  }
+  // The end of a residual branch: x = (x + rms_norm(branch) · w) · scale. branch may be
+  // overwritten.
+  virtual void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale = 1.f) {
+    rms_norm(branch, w, eps, add_one, branch);
+    add(x, branch, x);
+    if (scale != 1.f) this->scale(x, scale);
+  }
   // Writes k, v [n, n_kv, hd] at the slots of positions pos[n].
   virtual void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) = 0;
   // Causal attention of q [n, n_heads, hd] (positions pos[n]) over every key at positions <= pos

@@ -74,7 +74,7 @@ class Gemma4Model final : public Model {
 
   void load_weights();
   void attention_block(int l, Tensor& x, const Batch& batch, KVCache& kv);
-  void ffn_block(int l, Tensor& x);
+  void ffn_block(int l, Tensor& x, float scale);
   Tensor per_layer_inputs(const Batch& batch, const Tensor& x0);
 
   std::shared_ptr<const Checkpoint> ck_;
@@ -214,16 +214,13 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
   } else {
     be_.matmul(h, w.q_proj, q);
   }
-  Tensor q_rows = q.reshaped({n * nh, hd});
-  be_.rms_norm(q_rows, &w.q_norm, eps, add1, q_rows);
-  be_.rope(q, batch.positions.data(), w.inv_freq.data());
+  be_.rms_norm_rope(q, &w.q_norm, eps, add1, batch.positions.data(), w.inv_freq.data());
 
   if (w.owns_kv) {
     if (!L.has_v_proj) be_.copy(k, v);  // attention_k_eq_v: V is the raw K projection, normalised without weight
-    Tensor k_rows = k.reshaped({n * nkv, hd}), v_rows = v.reshaped({n * nkv, hd});
-    be_.rms_norm(k_rows, &w.k_norm, eps, add1, k_rows);
+    be_.rms_norm_rope(k, &w.k_norm, eps, add1, batch.positions.data(), w.inv_freq.data());
+    Tensor v_rows = v.reshaped({n * nkv, hd});
     if (cfg_.v_norm) be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
-    be_.rope(k, batch.positions.data(), w.inv_freq.data());
     for (const BatchSequence& s : batch.seqs) {
       Tensor ks = k.slice_rows(s.begin, s.count), vs = v.slice_rows(s.begin, s.count);
       be_.kv_write(kv.store(s.kv_slot, l), ks, vs, batch.positions.data() + s.begin);
@@ -241,11 +238,11 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
   }
   Tensor a = be_.alloc(DType::F32, {n, H});
   be_.matmul(att.reshaped({n, nh * hd}), w.o_proj, a);
-  be_.rms_norm(a, &w.post_attn_norm, eps, add1, a);
-  be_.add(x, a, x);
+  be_.add_rms_norm(x, a, &w.post_attn_norm, eps, add1);
 }
 
-void Gemma4Model::ffn_block(int l, Tensor& x) {
+// scale: the layer scalar when this is the layer's last residual add, else 1.
+void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   const LayerConfig& L = cfg_.layers[size_t(l)];
   Gemma4Layer& w = layers_[size_t(l)];
   const int64_t n = x.rows(), H = cfg_.hidden_size, F = L.ffn_dim;
@@ -278,8 +275,7 @@ void Gemma4Model::ffn_block(int l, Tensor& x) {
     be_.rms_norm(m2, &w.post_ffn_norm_2, eps, add1, m2);
     be_.add(m, m2, m);
   }
-  be_.rms_norm(m, &w.post_ffn_norm, eps, add1, m);
-  be_.add(x, m, x);
+  be_.add_rms_norm(x, m, &w.post_ffn_norm, eps, add1, scale);
 }
 
 void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) {
@@ -300,9 +296,10 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
 
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Gemma4Layer& w = layers_[size_t(l)];
+    const bool has_ple = cfg_.ple_dim > 0;
     attention_block(l, x, batch, kv);
-    ffn_block(l, x);
-    if (cfg_.ple_dim > 0) {
+    ffn_block(l, x, has_ple ? 1.f : w.layer_scalar);
+    if (has_ple) {
       const int64_t P = cfg_.ple_dim;
       Tensor g = be_.alloc(DType::F32, {n, P});
       be_.matmul(x, w.ple_gate, g);
@@ -310,10 +307,8 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
       be_.gelu_tanh_mul(g, ple_l, g);
       Tensor p = be_.alloc(DType::F32, {n, H});
       be_.matmul(g, w.ple_proj, p);
-      be_.rms_norm(p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, p);
-      be_.add(x, p, x);
+      be_.add_rms_norm(x, p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, w.layer_scalar);
     }
-    if (w.layer_scalar != 1.f) be_.scale(x, w.layer_scalar);
   }
 
   // Only the rows whose logits are wanted go through the final norm and the LM head.

@@ -21,6 +21,48 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
   MB_CHECK(t.dtype == DType::F32, "{}: {} must be F32, got {}", op, what, dtype_name(t.dtype));
 }
 
+// The weight of an rms_norm over rows of d, checked; null when w is.
+const float* norm_weight(const Tensor* w, int64_t d, const char* op) {
+  if (!w) return nullptr;
+  MB_CHECK(w->dtype == DType::F32, "{}: weight must be f32, got {}", op, dtype_name(w->dtype));
+  MB_CHECK(w->numel() == d, "{}: weight {} does not match rows of {}", op, w->shape_str(), d);
+  return w->f32();
+}
+
+// y = x * (mean(x²) + eps)^-1/2 * (w, 1 + w or 1); y may be x. Every norm op goes through here, so
+// fused and single ops give the same numbers.
+void norm_row(const float* x, int64_t d, const float* w, float eps, bool add_one, float* y) {
+  const float ms = cpu::dot_f32(x, x, d) / float(d) + eps;
+  const float inv = 1.f / std::sqrt(ms);
+  for (int64_t j = 0; j < d; ++j) {
+    const float v = x[j] * inv;
+    y[j] = w ? v * (add_one ? 1.f + w[j] : w[j]) : v;
+  }
+}
+
+// cos/sin of one position's angles, then rotation of head vectors by them.
+struct RopeAngles {
+  std::vector<float> cs, sn;
+  explicit RopeAngles(int64_t half) : cs(size_t(half)), sn(size_t(half)) {}
+  void set(int32_t pos, const float* inv_freq) {
+    // Angles in f32 exactly as transformers forms them: float(pos) * inv_freq.
+    for (size_t j = 0; j < cs.size(); ++j) {
+      const float a = float(pos) * inv_freq[j];
+      cs[j] = std::cos(a);
+      sn[j] = std::sin(a);
+    }
+  }
+  void rotate(float* v, const float* inv_freq) const {
+    const size_t half = cs.size();
+    for (size_t j = 0; j < half; ++j) {
+      if (inv_freq[j] == 0.f) continue;
+      const float a = v[j], c = v[j + half];
+      v[j] = a * cs[j] - c * sn[j];
+      v[j + half] = c * cs[j] + a * sn[j];
+    }
+  }
+};
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -94,11 +136,8 @@ class CpuBackend final : public Backend {
   }
 
   void softcap(Tensor& x, float cap) override {
-    const float inv = 1.f / cap;
-    float* p = x.f32();
-    ThreadPool::global().parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) p[i] = std::tanh(p[i] * inv) * cap;
-    });
+    check_f32(x, "softcap", "x");
+    cpu::softcap(x.f32(), x.numel(), cap);
   }
 
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
@@ -133,47 +172,58 @@ class CpuBackend final : public Backend {
     check_f32(x, "rms_norm", "x");
     const int64_t d = x.cols(), rows = x.rows();
     MB_CHECK(y.numel() == x.numel(), "rms_norm: shapes {} and {} differ", x.shape_str(), y.shape_str());
-    if (w) {
-      check_f32(*w, "rms_norm", "weight");
-      MB_CHECK(w->numel() == d, "rms_norm: weight {} does not match rows of {}", w->shape_str(), d);
-    }
-    const float* wp = w ? w->f32() : nullptr;
+    const float* wp = norm_weight(w, d, "rms_norm");
     ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, 8192 / d), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const float* xr = x.f32() + r * d;
-        float* yr = y.f32() + r * d;
-        float ms = cpu::dot_f32(xr, xr, d) / float(d) + eps;
-        float inv = 1.f / std::sqrt(ms);
-        for (int64_t j = 0; j < d; ++j) {
-          float v = xr[j] * inv;
-          yr[j] = wp ? v * (add_one ? 1.f + wp[j] : wp[j]) : v;
-        }
-      }
+      for (int64_t r = b; r < e; ++r) norm_row(x.f32() + r * d, d, wp, eps, add_one, y.f32() + r * d);
     });
   }
 
   void rope(Tensor& x, const int32_t* pos, const float* inv_freq) override {
     check_f32(x, "rope", "x");
     MB_CHECK(x.rank() == 3, "rope: expected [n, heads, head_dim], got {}", x.shape_str());
-    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = hd / 2;
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
     ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
-      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      RopeAngles ang(hd / 2);
       for (int64_t t = b; t < e; ++t) {
-        // Angles in f32 exactly as transformers forms them: float(pos) * inv_freq.
-        for (int64_t j = 0; j < half; ++j) {
-          float a = float(pos[t]) * inv_freq[j];
-          cs[size_t(j)] = std::cos(a);
-          sn[size_t(j)] = std::sin(a);
-        }
+        ang.set(pos[t], inv_freq);
+        for (int64_t h = 0; h < heads; ++h) ang.rotate(x.f32() + (t * heads + h) * hd, inv_freq);
+      }
+    });
+  }
+
+  void rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
+                     const float* inv_freq) override {
+    check_f32(x, "rms_norm_rope", "x");
+    MB_CHECK(x.rank() == 3, "rms_norm_rope: expected [n, heads, head_dim], got {}", x.shape_str());
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+    const float* wp = norm_weight(w, hd, "rms_norm_rope");
+    ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
+      RopeAngles ang(hd / 2);
+      for (int64_t t = b; t < e; ++t) {
+        ang.set(pos[t], inv_freq);
         for (int64_t h = 0; h < heads; ++h) {
           float* v = x.f32() + (t * heads + h) * hd;
-          for (int64_t j = 0; j < half; ++j) {
-            if (inv_freq[j] == 0.f) continue;
-            float a = v[j], c = v[j + half];
-            v[j] = a * cs[size_t(j)] - c * sn[size_t(j)];
-            v[j + half] = c * cs[size_t(j)] + a * sn[size_t(j)];
-          }
+          norm_row(v, hd, wp, eps, add_one, v);
+          ang.rotate(v, inv_freq);
         }
+      }
+    });
+  }
+
+  void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale) override {
+    check_f32(x, "add_rms_norm", "x");
+    check_f32(branch, "add_rms_norm", "branch");
+    MB_CHECK(x.numel() == branch.numel() && x.cols() == branch.cols(), "add_rms_norm: shapes {} and {} differ",
+             x.shape_str(), branch.shape_str());
+    const int64_t d = x.cols(), rows = x.rows();
+    const float* wp = norm_weight(w, d, "add_rms_norm");
+    ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, 8192 / d), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        float* br = branch.f32() + r * d;
+        float* xr = x.f32() + r * d;
+        norm_row(br, d, wp, eps, add_one, br);
+        // (x + y) * 1 is x + y exactly, so one loop serves both.
+        for (int64_t j = 0; j < d; ++j) xr[j] = (xr[j] + br[j]) * scale;
       }
     });
   }

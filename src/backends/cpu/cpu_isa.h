@@ -54,6 +54,8 @@ struct KernelTable {
   void (*to_f32)(WType t, const void* src, float* dst, int64_t n);
   // out = gelu_tanh(g) * u; out may alias g or u.
   void (*gelu_tanh_mul)(const float* g, const float* u, float* out, int64_t n);
+  // x = cap * tanh(x / cap)
+  void (*softcap)(float* x, int64_t n, float cap);
 
   // Matmul for a few tokens (n <= gemv_max_tokens): streams each weight row once. Rows [r0, r1).
   int gemv_max_tokens;

@@ -80,6 +80,11 @@ void s_gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh_scalar(g[i]) * u[i];
 }
 
+void s_softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] * inv) * cap;
+}
+
 size_t wsize(WType t) { return t == WType::F32 ? 4 : 2; }
 
 // Each row is widened once and reused for every token.
@@ -134,7 +139,7 @@ void s_attention(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t 
 }
 
 const KernelTable kScalar = {
-    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul,
+    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap,
     std::numeric_limits<int>::max(), s_gemv,
     0, 0, 0, nullptr, nullptr, nullptr, nullptr,
     s_attn_scratch, s_attention,
@@ -410,6 +415,11 @@ void to_f32(DType dtype, const void* src, float* dst, int64_t n) { kernels().to_
 void axpy(float a, const float* x, float* y, int64_t n) { kernels().axpy(a, x, y, n); }
 float sum_f32(const float* x, int64_t n) { return kernels().sum(x, n); }
 float gelu_tanh(float x) { return gelu_tanh_scalar(x); }
+
+void softcap(float* x, int64_t n, float cap) {
+  const KernelTable& K = kernels();
+  ThreadPool::global().parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) { K.softcap(x + b, e - b, cap); });
+}
 
 float dot_f32_ref(const float* a, const float* b, int64_t n) {
   double s = 0;

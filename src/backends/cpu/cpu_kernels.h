@@ -37,6 +37,8 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
 bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
+// x = cap * tanh(x / cap)
+void softcap(float* x, int64_t n, float cap);
 
 // Single calls into the active table.
 float dot_f32(const float* a, const float* b, int64_t n);
