@@ -131,8 +131,11 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& file, const st
            "{}: metadata key '{}' claims {} array elements of type {}, more than the {} bytes left in the file hold",
            file, key, count, gguf_type_name(v.elem), c.remaining());
   if (v.elem == GgufType::STRING) {
-    v.strs.reserve(size_t(count));
-    for (uint64_t i = 0; i < count; ++i) v.strs.push_back(c.read_string("an array string"));
+    v.str_ends.reserve(size_t(count));
+    for (uint64_t i = 0; i < count; ++i) {
+      v.str_bytes += c.read_string("an array string");
+      v.str_ends.push_back(v.str_bytes.size());
+    }
   } else if (v.elem == GgufType::ARRAY) {
     v.items.reserve(size_t(count));
     for (uint64_t i = 0; i < count; ++i) v.items.push_back(read_value(c, GgufType::ARRAY, file, key, depth + 1));
@@ -148,7 +151,7 @@ template <class T>
 void append_pod(std::string& out, T v) {
   append(out, &v, sizeof v);
 }
-void append_string(std::string& out, const std::string& s) {
+void append_string(std::string& out, std::string_view s) {
   append_pod<uint64_t>(out, s.size());
   out += s;
 }
@@ -160,7 +163,7 @@ void write_value(std::string& out, const GgufValue& v) {
       append_pod<uint32_t>(out, uint32_t(v.elem));
       append_pod<uint64_t>(out, v.size());
       if (v.elem == GgufType::STRING)
-        for (auto& s : v.strs) append_string(out, s);
+        for (size_t i = 0; i < v.str_ends.size(); ++i) append_string(out, v.string_at(i));
       else if (v.elem == GgufType::ARRAY)
         for (auto& item : v.items) write_value(out, item);
       else
@@ -321,7 +324,10 @@ GgufValue GgufValue::make_string_array(std::vector<std::string> v) {
   GgufValue g;
   g.type = GgufType::ARRAY;
   g.elem = GgufType::STRING;
-  g.strs = std::move(v);
+  for (const std::string& e : v) {
+    g.str_bytes += e;
+    g.str_ends.push_back(g.str_bytes.size());
+  }
   return g;
 }
 
@@ -361,7 +367,7 @@ const std::string& GgufValue::as_string() const {
 
 size_t GgufValue::size() const {
   MB_CHECK(type == GgufType::ARRAY, "expected an ARRAY, found {}", describe());
-  if (elem == GgufType::STRING) return strs.size();
+  if (elem == GgufType::STRING) return str_ends.size();
   if (elem == GgufType::ARRAY) return items.size();
   return raw.size() / scalar_size(elem);
 }
@@ -401,9 +407,19 @@ std::vector<double> GgufValue::floats() const {
   return out;
 }
 
-const std::vector<std::string>& GgufValue::strings() const {
+std::string_view GgufValue::string_at(size_t i) const {
+  MB_CHECK(type == GgufType::ARRAY && elem == GgufType::STRING && i < str_ends.size(),
+           "expected an array of strings with an element {}, found {}", i, describe());
+  const uint64_t begin = i == 0 ? 0 : str_ends[i - 1];
+  return std::string_view(str_bytes).substr(size_t(begin), size_t(str_ends[i] - begin));
+}
+
+std::vector<std::string> GgufValue::strings() const {
   MB_CHECK(type == GgufType::ARRAY && elem == GgufType::STRING, "expected an array of strings, found {}", describe());
-  return strs;
+  std::vector<std::string> out;
+  out.reserve(str_ends.size());
+  for (size_t i = 0; i < str_ends.size(); ++i) out.emplace_back(string_at(i));
+  return out;
 }
 
 std::string GgufValue::describe() const {
@@ -417,7 +433,7 @@ std::string GgufValue::describe() const {
       std::string s = fmt::format("ARRAY of {} {} [", n, gguf_type_name(elem));
       for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) {
         if (i) s += ", ";
-        if (elem == GgufType::STRING) s += quote(strs[i]);
+        if (elem == GgufType::STRING) s += quote(std::string(string_at(i)));
         else if (elem == GgufType::ARRAY) s += items[i].describe();
         else if (elem == GgufType::BOOL) s += bool_at(i) ? "true" : "false";
         else if (elem == GgufType::F32 || elem == GgufType::F64) s += fmt::format("{}", float_at(i));
@@ -445,6 +461,9 @@ std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   g->path_ = path;
   g->file_ = file;
   g->parse_all(file->data(), file->size());
+  // Everything before the tensor data is parsed into kv_ and tensors_ now: give its pages back
+  // (a tokenizer's metadata is several MB).
+  release_mapped_pages(file->data(), size_t(std::min<uint64_t>(g->data_offset_, file->size())));
   return g;
 }
 

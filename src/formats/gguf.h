@@ -35,7 +35,10 @@ struct GgufValue {
   uint64_t bits = 0;                // scalar numbers and bools, zero-extended little-endian bits
   std::string str;                  // STRING
   std::vector<uint8_t> raw;         // arrays of numbers or bools: the elements' bytes
-  std::vector<std::string> strs;    // arrays of strings
+  // Arrays of strings: the elements back to back, element i ending at str_ends[i] (one block
+  // instead of a std::string each: a 262144-token vocabulary takes ~4 MB, not ~10).
+  std::string str_bytes;
+  std::vector<uint64_t> str_ends;
   std::vector<GgufValue> items;     // arrays of arrays
 
   static GgufValue make_int(GgufType t, int64_t v);   // any integer type (truncated to its width)
@@ -62,7 +65,8 @@ struct GgufValue {
   bool bool_at(size_t i) const;
   std::vector<int64_t> ints() const;
   std::vector<double> floats() const;
-  const std::vector<std::string>& strings() const;
+  std::string_view string_at(size_t i) const;
+  std::vector<std::string> strings() const;  // a copy of every element
 
   std::string describe() const;  // type and a short rendering of the value, for messages and dumps
 

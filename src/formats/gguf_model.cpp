@@ -89,9 +89,11 @@ void resolve_special_tokens(const GgufFile& f, const char* end_of_turn, ModelCon
   const int eot = token_id(f, "tokenizer.ggml.eot_token_id", -1);
   if (eot >= 0) c.eos_ids.push_back(eot);
   if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->is_array() && toks->elem == GgufType::STRING) {
-    const auto& s = toks->strs;
-    auto it = std::find(s.begin(), s.end(), end_of_turn);
-    if (it != s.end()) c.eos_ids.push_back(int(it - s.begin()));
+    for (size_t i = 0; i < toks->size(); ++i)
+      if (toks->string_at(i) == end_of_turn) {
+        c.eos_ids.push_back(int(i));
+        break;
+      }
   }
   std::sort(c.eos_ids.begin(), c.eos_ids.end());
   c.eos_ids.erase(std::unique(c.eos_ids.begin(), c.eos_ids.end()), c.eos_ids.end());

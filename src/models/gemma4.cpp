@@ -227,6 +227,7 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
     }
   }
 
+  h = Tensor();
   AttentionParams ap;
   ap.scale = cfg_.attn_scale;
   ap.softcap = cfg_.attn_logit_softcap;
@@ -236,6 +237,7 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
     Tensor qs = q.slice_rows(s.begin, s.count), os = att.slice_rows(s.begin, s.count);
     be_.attention(qs, kv.store(s.kv_slot, L.kv_source), batch.positions.data() + s.begin, ap, os);
   }
+  q = k = v = Tensor();
   Tensor a = be_.alloc(DType::F32, {n, H});
   be_.matmul(att.reshaped({n, nh * hd}), w.o_proj, a);
   be_.add_rms_norm(x, a, &w.post_attn_norm, eps, add1);
@@ -254,6 +256,9 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   Tensor g = be_.alloc(DType::F32, {n, F}), u = be_.alloc(DType::F32, {n, F});
   be_.matmuls(h, {&w.gate_proj, &w.up_proj}, {&g, &u});
   be_.gelu_tanh_mul(g, u, g);
+  // Activations die as soon as they are used: a prefill's peak memory is one FFN's working set.
+  u = Tensor();
+  h = Tensor();
   Tensor m = be_.alloc(DType::F32, {n, H});
   be_.matmul(g, w.down_proj, m);
 

@@ -188,9 +188,10 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   p->data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
   const size_t row_bytes = dtype_row_bytes(t, k);
   const uint8_t* src = static_cast<const uint8_t*>(w);
-  // Slabs of ~16 MB of source: after each, on_source_done may drop the pages just read, so a
-  // mapped file and its packed copy are never both resident in full.
-  const int64_t slab = std::max<int64_t>(1, int64_t((size_t(16) << 20) / (row_bytes * kQRows)));
+  // Slabs of ~2 MB of source: after each, on_source_done may drop the pages just read, so a
+  // mapped file and its packed copy are never both resident beyond one slab (the peak RSS of a
+  // load is the packed weights plus this).
+  const int64_t slab = std::max<int64_t>(1, int64_t((size_t(2) << 20) / (row_bytes * kQRows)));
   for (int64_t s0 = 0; s0 < p->groups; s0 += slab) {
     const int64_t s1 = std::min(p->groups, s0 + slab);
     ThreadPool::global().parallel_for(s1 - s0, 1, [&](int64_t b, int64_t e) {
