@@ -24,6 +24,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
+#include "core/mmap.h"
 #include "core/quant.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -58,15 +59,26 @@ mb::Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed) {
   return t;
 }
 
+// kRotateBytes allocated like packed weights (huge pages where offered), as `markbase bench
+// --membw` does.
+const float* membw_buffer() {
+  static std::shared_ptr<uint8_t> mem = [] {
+    std::shared_ptr<uint8_t> m = mb::alloc_streamed(kRotateBytes);
+    std::memset(m.get(), 0, kRotateBytes);
+    return m;
+  }();
+  return reinterpret_cast<const float*>(mem.get());
+}
+
 void MemBw(benchmark::State& state) {
-  static mb::Tensor buf = random_tensor(DType::F32, {int64_t(kRotateBytes / 4)}, 1);
+  const float* buf = membw_buffer();
   auto& pool = mb::ThreadPool::global();
-  const int64_t n = buf.numel();
+  const int64_t n = int64_t(kRotateBytes / 4);
   std::vector<float> sinks(size_t(pool.size()) * 16);
   for (auto _ : state) {
     pool.run_on_all([&](int t, int nt) {
       const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf.f32() + b, e - b);
+      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf + b, e - b);
     });
     benchmark::DoNotOptimize(sinks.data());
   }
@@ -224,15 +236,15 @@ bool register_all() {
 // `markbase bench --membw`).
 bool measure_membw() {
   auto& pool = mb::ThreadPool::global();
-  mb::Tensor buf = random_tensor(DType::F32, {int64_t(kRotateBytes / 4)}, 3);
-  const int64_t n = buf.numel();
+  const float* buf = membw_buffer();
+  const int64_t n = int64_t(kRotateBytes / 4);
   std::vector<float> sinks(size_t(pool.size()) * 16);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     pool.run_on_all([&](int t, int nt) {
       const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf.f32() + b, e - b);
+      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf + b, e - b);
     });
     best = std::max(best, double(kRotateBytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }

@@ -20,6 +20,7 @@
 #include "backends/cpu/qmatmul.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/mmap.h"
 #include "core/thread_pool.h"
 #include "formats/checkpoint.h"
 #include "formats/gguf_export.h"
@@ -42,11 +43,14 @@ double median(std::vector<double> v) {
 
 // Read bandwidth of a buffer much larger than the caches, all threads, best of several passes.
 double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30) {
-  Tensor buf = host_tensor(DType::F32, {int64_t(bytes / 4)});
+  // Allocated like the packed weights (huge pages where offered), so the floor is what the
+  // weights' own memory can deliver.
+  std::shared_ptr<uint8_t> mem = alloc_streamed(bytes);
+  float* buf = reinterpret_cast<float*>(mem.get());
   auto& pool = ThreadPool::global();
-  const int64_t n = buf.numel();
+  const int64_t n = int64_t(bytes / 4);
   pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) buf.f32()[i] = float(i & 7);
+    for (int64_t i = b; i < e; ++i) buf[i] = float(i & 7);
   });
   double best = 0;
   std::vector<float> sinks(size_t(pool.size()) * 16);
@@ -54,7 +58,7 @@ double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30) {
     auto t0 = Clock::now();
     pool.run_on_all([&](int t, int nt) {
       const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = cpu::sum_f32(buf.f32() + b, e - b);
+      sinks[size_t(t) * 16] = cpu::sum_f32(buf + b, e - b);
     });
     best = std::max(best, double(bytes) / since(t0) / 1e9);
   }

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
@@ -75,6 +77,21 @@ void advise_mapped(const void* p, size_t n, int advice) {
 }  // namespace
 
 void release_mapped_pages(const void* p, size_t n) { advise_mapped(p, n, MADV_DONTNEED); }
+
+std::shared_ptr<uint8_t> alloc_streamed(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(bytes >= kHuge ? kHuge : 64, padded);
+  MB_CHECK(p != nullptr, "out of memory allocating {} bytes", bytes);
+#if defined(MADV_HUGEPAGE)
+  static const bool use_huge = [] {
+    const char* env = std::getenv("MARKBASE_HUGEPAGES");
+    return !(env && std::string(env) == "0");
+  }();
+  if (use_huge && bytes >= kHuge) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
 void advise_random_access(const void* p, size_t n) { advise_mapped(p, n, MADV_RANDOM); }
 
 }  // namespace mb

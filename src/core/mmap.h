@@ -34,4 +34,13 @@ void release_mapped_pages(const void* p, size_t n);
 // each fault, so a lookup table's resident share is the rows read. Does nothing for other memory.
 void advise_random_access(const void* p, size_t n);
 
+// Memory read front to back over and over (packed weights that decode streams every token, the
+// bandwidth probe): 64-byte aligned, and from 2 MB up, 2 MB aligned with its whole 2 MB pages
+// marked for transparent huge pages where the kernel offers them (Linux's "madvise" mode). With
+// 4 KB pages the hardware prefetcher stops at every page boundary and each page costs a TLB walk:
+// E2B q4_0 decode went from ~80% to ~95% of the read bandwidth. The tail past the last whole 2 MB
+// keeps small pages, so nothing beyond the bytes asked for becomes resident.
+// MARKBASE_HUGEPAGES=0 turns the advice off. Uninitialised; freed by the returned pointer.
+std::shared_ptr<uint8_t> alloc_streamed(size_t bytes);
+
 }  // namespace mb

@@ -9,8 +9,10 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "core/mmap.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
+
 
 namespace mb::cpu {
 
@@ -183,9 +185,7 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   p->scales_bytes = (size_t(p->units()) * p->unit_scales + 63) / 64 * 64;
   p->group_bytes = p->scales_bytes + size_t(p->units()) * p->unit_codes;
   const size_t total = p->bytes();
-  void* mem = std::aligned_alloc(64, std::max<size_t>(64, total));
-  MB_CHECK(mem != nullptr, "qmatmul: cannot allocate {} bytes for packed weights", total);
-  p->data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(mem), [](uint8_t* q) { std::free(q); });
+  p->data = alloc_streamed(total);
   const size_t row_bytes = dtype_row_bytes(t, k);
   const uint8_t* src = static_cast<const uint8_t*>(w);
   // Slabs of ~2 MB of source: after each, on_source_done may drop the pages just read, so a
