@@ -211,6 +211,7 @@ void run_bench(const BenchArgs& a) {
   mo.keep_checkpoint_dtype = keep || !a.synthetic.empty();
   mo.weight_dtype = dtype;
   auto model = load_model(ck, *be, mo);
+  ck->gguf.reset();  // metadata (token strings, several MB) is not needed once the model is built
   const ModelConfig& c = model->config();
   const std::string name = a.model.empty() ? a.synthetic : a.model;
   std::string dtype_label = a.dtype;

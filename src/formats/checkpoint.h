@@ -15,7 +15,9 @@ struct Checkpoint {
   std::string path;  // folder or file the user named
   ModelConfig config;
   TensorRegistry tensors;
-  std::shared_ptr<const GgufFile> gguf;  // set for .gguf files: the metadata, tokenizer.ggml.* included
+  // Set for .gguf files: the metadata, tokenizer.ggml.* included (export copies it). Runtimes drop
+  // it once the model is loaded; tensors stay valid (the registry keeps the mapping).
+  std::shared_ptr<const GgufFile> gguf;
 };
 
 struct CheckpointOptions {

@@ -65,6 +65,9 @@ class LocalEngine final : public Engine {
     }
     mo.max_step = kMaxStep;
     model_ = mb::load_model(ck_, *backend_, mo);
+    // The GGUF metadata (mostly token strings, several MB) has served the config; the tokenizer
+    // is read on its own below.
+    ck_->gguf.reset();
     const auto& c = model_->config();
     max_context_ = c.max_position > 0 ? c.max_position : 8192;
     if (opts.max_context > 0) max_context_ = std::min<int64_t>(max_context_, opts.max_context);
