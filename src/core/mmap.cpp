@@ -80,17 +80,31 @@ void release_mapped_pages(const void* p, size_t n) { advise_mapped(p, n, MADV_DO
 
 std::shared_ptr<uint8_t> alloc_streamed(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
-  const size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(bytes >= kHuge ? kHuge : 64, padded);
-  MB_CHECK(p != nullptr, "out of memory allocating {} bytes", bytes);
+  if (bytes < kHuge) {
+    const size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, padded);
+    MB_CHECK(p != nullptr, "out of memory allocating {} bytes", bytes);
+    std::memset(p, 0, padded);
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  }
+  // An anonymous mapping, 2 MB aligned by mapping 2 MB more and unmapping the slack: its pages
+  // arrive zeroed from the kernel on first touch, so callers need not clear them again.
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t len = (bytes + page - 1) / page * page;
+  void* raw = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MB_CHECK(raw != MAP_FAILED, "out of memory mapping {} bytes: {}", bytes, std::strerror(errno));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw), aligned = (start + kHuge - 1) / kHuge * kHuge;
+  if (aligned > start) munmap(raw, aligned - start);
+  if (const size_t tail = start + len + kHuge - (aligned + len); tail > 0) munmap(reinterpret_cast<void*>(aligned + len), tail);
+  uint8_t* p = reinterpret_cast<uint8_t*>(aligned);
 #if defined(MADV_HUGEPAGE)
   static const bool use_huge = [] {
     const char* env = std::getenv("MARKBASE_HUGEPAGES");
     return !(env && std::string(env) == "0");
   }();
-  if (use_huge && bytes >= kHuge) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: failure is harmless
+  if (use_huge) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: failure is harmless
 #endif
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+  return std::shared_ptr<uint8_t>(p, [len](uint8_t* q) { munmap(q, len); });
 }
 void advise_random_access(const void* p, size_t n) { advise_mapped(p, n, MADV_RANDOM); }
 

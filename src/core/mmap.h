@@ -40,7 +40,8 @@ void advise_random_access(const void* p, size_t n);
 // 4 KB pages the hardware prefetcher stops at every page boundary and each page costs a TLB walk:
 // E2B q4_0 decode went from ~80% to ~95% of the read bandwidth. The tail past the last whole 2 MB
 // keeps small pages, so nothing beyond the bytes asked for becomes resident.
-// MARKBASE_HUGEPAGES=0 turns the advice off. Uninitialised; freed by the returned pointer.
+// MARKBASE_HUGEPAGES=0 turns the advice off. Zeroed (large ones by the kernel, page by page on
+// first touch); freed by the returned pointer.
 std::shared_ptr<uint8_t> alloc_streamed(size_t bytes);
 
 }  // namespace mb

@@ -57,7 +57,8 @@ void put_block(uint8_t* blk, int bits, int r, const uint8_t (&c)[32]) {
         if (c[4 * q + i] & (16u << plane)) blk[256 + 64 * plane + 8 * q + (4 * r + i) / 8] |= uint8_t(1u << ((4 * r + i) % 8));
 }
 
-// Packs row r (0..15) of group g from its source row (the group's bytes start zeroed).
+// Packs row r (0..15) of group g from its source row (the group's bytes start zeroed:
+// alloc_streamed's memory is).
 void pack_row(QPacked& w, int64_t g, int r, const uint8_t* src) {
   const QLayout L = layout_of(w.type);
   uint8_t* gp = w.data.get() + size_t(g) * w.group_bytes;
@@ -195,7 +196,6 @@ std::shared_ptr<const QPacked> qpack(DType t, const void* w, int64_t m, int64_t 
   for (int64_t s0 = 0; s0 < p->groups; s0 += slab) {
     const int64_t s1 = std::min(p->groups, s0 + slab);
     ThreadPool::global().parallel_for(s1 - s0, 1, [&](int64_t b, int64_t e) {
-      std::memset(p->data.get() + size_t(s0 + b) * p->group_bytes, 0, size_t(e - b) * p->group_bytes);
       for (int64_t g = s0 + b; g < s0 + e; ++g)
         for (int r = 0; r < kQRows && g * kQRows + r < m; ++r)
           pack_row(*p, g, r, src + size_t(g * kQRows + r) * row_bytes);
