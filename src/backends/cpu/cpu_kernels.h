@@ -25,6 +25,14 @@ bool cpu_has_avx512_bf16();
 // this process the permission Linux requires (requested on the first call). MARKBASE_AMX=0 says no.
 bool cpu_amx_int8_ready();
 bool cpu_amx_bf16_ready();
+// Whether matmul runs bf16 weights times kAmxMinTokens or more tokens on AMX tiles (matmul_amx.h;
+// near-f32 results, not the fma chain's bits): the active table is AVX-512, the build has the
+// kernels, cpu_amx_bf16_ready(), and set_amx_bf16_matmul has not turned it off.
+bool amx_bf16_matmul_active();
+// Process-wide switch for that path (tests, benchmarks); on by default. Returns the previous value.
+// Not for use while kernels run on other threads.
+bool set_amx_bf16_matmul(bool on);
+constexpr int64_t kAmxMinTokens = 16;
 
 bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);

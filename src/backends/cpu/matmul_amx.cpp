@@ -1,0 +1,271 @@
+// AMX-BF16 kernels (matmul_amx.h). This file alone is built with the AMX flags; cpu::matmul calls
+// it only after checking the CPU and the OS (cpu_amx_bf16_ready). Only intrinsics and plain loops:
+// no standard-library templates, whose out-of-line copies could be shared with (and picked for)
+// code that runs on any CPU.
+#include "backends/cpu/matmul_amx.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+namespace mb::cpu {
+namespace {
+
+constexpr int kTile = 16;            // weight rows of an A tile, tokens of a B tile, both of a C tile
+constexpr int64_t kKBlock = 32;      // k per tile product: 32 bf16 = one 64-byte tile row
+constexpr int64_t kTileElems = 512;  // bf16 in one 1 KB tile
+// Rows of weights a task walks through with every token before it moves on: 256 KB of bf16 rows of
+// k = 1024, so they stay in L2 while the token tiles stream past them.
+constexpr int64_t kChunkRows = 128;
+constexpr int kChunkTiles = int(kChunkRows / kTile);
+// bf16 parts each activation is split into (split_bf16; matmul_amx.h says why).
+constexpr int kParts = 3;
+// bf16 of one token tile and k block in the packed activations: a B tile per part.
+constexpr int64_t kXStep = kParts * kTileElems;
+
+inline int64_t k_blocks(int64_t k) { return (k + kKBlock - 1) / kKBlock; }
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline __mmask16 low_bits16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+inline __mmask32 low_bits32(int64_t n) { return n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u); }
+
+// Every tile 16 rows of 64 bytes. Registers: C[i][j] = 2i + j (weight row tile i, token tile j);
+// weight tiles 4 and 5; activation tiles 6 and 7.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Rows r of a 16 x 16 matrix of 32-bit lanes become its columns.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // s[4g + j], 128-bit lane l: column 4l + j of rows 4g .. 4g + 3.
+  __m512i s[16];
+  for (int g = 0; g < 4; ++g) {
+    s[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i u0 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i u1 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i v0 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i v1 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(3, 1, 3, 1));
+    r[j] = _mm512_shuffle_i32x4(u0, v0, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + j] = _mm512_shuffle_i32x4(u1, v1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + j] = _mm512_shuffle_i32x4(u0, v0, _MM_SHUFFLE(3, 1, 3, 1));
+    r[12 + j] = _mm512_shuffle_i32x4(u1, v1, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// f32 bits rounded to the nearest bf16, ties to even (core/dtype.h's f32_to_bf16), in the high
+// half of each lane.
+inline __m512i round_bf16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  return _mm512_and_si512(r, _mm512_set1_epi32(int32_t(0xffff0000u)));
+}
+
+// x = Σ part[p] for p < kParts, each part bf16: part[0] = bf16(x) (nearest even), each next part
+// bf16 of what is left (the remainders are exact in f32). Three parts hold all 24 bits of x's
+// significand, so the split is exact except that tile products read bf16 denormals as zero (parts
+// below 2^-126, from |x| < ~2^-110). Where rounding would carry x past the largest bf16, part[0] is
+// x truncated instead, so it stays finite; inf and NaN keep part[0] = x (truncated, NaNs kept
+// quiet) and zero parts after it. The parts come out as bf16 bits.
+template <int P> inline void split_bf16(__m512 x, __m256i (&part)[P]) {
+  const __m512i u = _mm512_castps_si512(x), abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf = _mm512_set1_epi32(0x7f800000), high_half = _mm512_set1_epi32(int32_t(0xffff0000u));
+  const __mmask16 nonfinite = _mm512_cmpge_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+  __m512i h = round_bf16(u);
+  const __mmask16 carried = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h, abs_mask), inf);
+  h = _mm512_mask_and_epi32(h, carried | nonfinite, u, high_half);
+  h = _mm512_mask_or_epi32(h, nan, h, _mm512_set1_epi32(0x00400000));
+  part[0] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16));
+  __m512 rest = _mm512_maskz_sub_ps(__mmask16(~nonfinite), x, _mm512_castsi512_ps(h));
+  for (int p = 1; p < P; ++p) {
+    h = round_bf16(_mm512_castps_si512(rest));
+    part[p] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16));
+    rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(h));
+  }
+}
+
+size_t k_xp_bytes(int64_t n, int64_t k) {
+  return size_t((n + kTile - 1) / kTile) * size_t(k_blocks(k)) * size_t(kXStep) * 2;
+}
+
+// Per token tile and k block, one 1 KB B tile per part of the split. B tile row p holds k pair p
+// of the 16 tokens: (x[t][2p], x[t][2p + 1]) for t = 0..15, which is the 16 x 16 matrix of bf16
+// pairs (token, pair) transposed. Tokens past n and k past the end are zeros.
+void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
+  const int64_t nkb = k_blocks(a.k);
+  for (int64_t tile = tile0; tile < tile1; ++tile)
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t k0 = kb * kKBlock, kr = min64(kKBlock, a.k - k0);
+      const __mmask16 m0 = low_bits16(kr), m1 = low_bits16(kr - 16 > 0 ? kr - 16 : 0);
+      __m512i parts[kParts][kTile];
+      for (int t = 0; t < kTile; ++t) {
+        const int64_t token = tile * kTile + t;
+        if (token >= a.n) {
+          for (int p = 0; p < kParts; ++p) parts[p][t] = _mm512_setzero_si512();
+          continue;
+        }
+        const float* src = a.x + token * a.ldx + k0;
+        __m256i first[kParts], second[kParts];
+        split_bf16(_mm512_maskz_loadu_ps(m0, src), first);
+        split_bf16(_mm512_maskz_loadu_ps(m1, src + 16), second);
+        for (int p = 0; p < kParts; ++p)
+          parts[p][t] = _mm512_inserti64x4(_mm512_castsi256_si512(first[p]), second[p], 1);
+      }
+      uint16_t* dst = xp + (tile * nkb + kb) * kXStep;
+      for (int p = 0; p < kParts; ++p) {
+        transpose16(parts[p]);
+        for (int row = 0; row < kTile; ++row) _mm512_store_si512(dst + p * kTileElems + row * 32, parts[p][row]);
+      }
+    }
+}
+
+// Where a weight tile's 16 rows are read: full k blocks at `full` (rows `stride` bytes apart), the
+// last partial block (k % 32 != 0) from a zero-padded copy at `tail`.
+struct WeightTile {
+  const uint8_t* full;
+  size_t stride;
+  const uint8_t* tail;
+  size_t tail_stride;
+  int rows;  // valid rows
+};
+
+// One k block: the weight tiles, then per part of the activations its tiles and 4 products.
+template <int RT, int TT>
+inline void tile_step(const uint8_t* w0, const uint8_t* w1, size_t wstride0, size_t wstride1, const uint16_t* x0,
+                      const uint16_t* x1) {
+  _tile_loadd(4, w0, wstride0);
+  if constexpr (RT == 2) _tile_loadd(5, w1, wstride1);
+  for (int p = 0; p < kParts; ++p) {
+    _tile_loadd(6, x0 + p * kTileElems, 64);
+    if constexpr (TT == 2) _tile_loadd(7, x1 + p * kTileElems, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (TT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (RT == 2 && TT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// C[i][j] = Σ_k of RT weight tiles times TT token tiles, stored to c + (2i + j) * 256 floats.
+template <int RT, int TT>
+void tile_block(const WeightTile* w, const uint16_t* x0, const uint16_t* x1, int64_t nkb, int64_t nfull, float* c) {
+  _tile_zero(0);
+  if constexpr (TT == 2) _tile_zero(1);
+  if constexpr (RT == 2) _tile_zero(2);
+  if constexpr (RT == 2 && TT == 2) _tile_zero(3);
+  const WeightTile& w1 = w[RT - 1];
+  constexpr int64_t xstep = kXStep;
+  for (int64_t kb = 0; kb < nfull; ++kb)
+    tile_step<RT, TT>(w[0].full + kb * 64, w1.full + kb * 64, w[0].stride, w1.stride, x0 + kb * xstep, x1 + kb * xstep);
+  if (nfull < nkb)
+    tile_step<RT, TT>(w[0].tail, w1.tail, w[0].tail_stride, w1.tail_stride, x0 + nfull * xstep, x1 + nfull * xstep);
+  _tile_stored(0, c, 64);
+  if constexpr (TT == 2) _tile_stored(1, c + 256, 64);
+  if constexpr (RT == 2) _tile_stored(2, c + 512, 64);
+  if constexpr (RT == 2 && TT == 2) _tile_stored(3, c + 768, 64);
+}
+
+// A C tile (16 weight rows x 16 tokens, f32) into y[token][row] for the valid rows and tokens.
+void store_transposed(const float* c, float* y, int64_t ldy, int rows, int64_t tokens) {
+  __m512i v[kTile];
+  for (int i = 0; i < kTile; ++i) v[i] = _mm512_load_si512(c + 16 * i);
+  transpose16(v);
+  const __mmask16 mask = low_bits16(rows);
+  for (int64_t t = 0; t < tokens; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, _mm512_castsi512_ps(v[t]));
+}
+
+// Rows [r, r + rows) of w, k blocks [kb0, nkb), into dst (rows `dst_stride` bytes apart), zero
+// past k and past the valid rows, 16 rows in all.
+void copy_padded(const MatArgs& a, int64_t r, int rows, int64_t kb0, int64_t nkb, uint8_t* dst, size_t dst_stride) {
+  const uint8_t* wb = static_cast<const uint8_t*>(a.w);
+  for (int i = 0; i < kTile; ++i)
+    for (int64_t kb = kb0; kb < nkb; ++kb) {
+      const int64_t k0 = kb * kKBlock;
+      const __mmask32 mask = i < rows ? low_bits32(a.k - k0) : __mmask32(0);
+      const __m512i v = _mm512_maskz_loadu_epi16(mask, wb + size_t(r + i) * a.w_stride + size_t(k0) * 2);
+      _mm512_storeu_si512(dst + size_t(i) * dst_stride + size_t(kb - kb0) * 64, v);
+    }
+}
+
+size_t k_scratch_bytes(int64_t k) {
+  // Tail blocks of a chunk's tiles, a padded copy of a partial last tile, the C tiles.
+  return size_t(kChunkTiles) * kTileElems * 2 + size_t(kTile) * size_t(k_blocks(k)) * 64 + 4 * 256 * 4;
+}
+
+void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch) {
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = kTile;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t nkb = k_blocks(a.k), nfull = a.k / kKBlock, ntiles = (a.n + kTile - 1) / kTile;
+  const size_t padded_stride = size_t(nkb) * 64;
+  uint8_t* tails = static_cast<uint8_t*>(scratch);
+  uint8_t* padded = tails + kChunkTiles * kTileElems * 2;
+  float* c = reinterpret_cast<float*>(padded + kTile * padded_stride);
+  const uint8_t* wb = static_cast<const uint8_t*>(a.w);
+  for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
+    const int64_t c1 = min64(r1, c0 + kChunkRows);
+    const int nrt = int((c1 - c0 + kTile - 1) / kTile);
+    WeightTile w[kChunkTiles];
+    for (int i = 0; i < nrt; ++i) {
+      const int64_t r = c0 + i * kTile;
+      const int rows = int(min64(kTile, c1 - r));
+      if (rows == kTile) {
+        uint8_t* tail = tails + size_t(i) * kTileElems * 2;
+        if (nfull < nkb) copy_padded(a, r, rows, nfull, nkb, tail, 64);
+        w[i] = {wb + size_t(r) * a.w_stride, a.w_stride, tail, 64, rows};
+      } else {
+        copy_padded(a, r, rows, 0, nkb, padded, padded_stride);
+        w[i] = {padded, padded_stride, padded + nfull * 64, padded_stride, rows};
+      }
+    }
+    for (int64_t tt = 0; tt < ntiles; tt += 2) {
+      const bool two_tokens = tt + 1 < ntiles;
+      const uint16_t* x0 = xp + tt * nkb * kXStep;
+      const uint16_t* x1 = two_tokens ? x0 + nkb * kXStep : x0;
+      for (int i = 0; i < nrt; i += 2) {
+        const bool two_rows = i + 1 < nrt;
+        if (two_rows && two_tokens) tile_block<2, 2>(w + i, x0, x1, nkb, nfull, c);
+        else if (two_rows) tile_block<2, 1>(w + i, x0, x1, nkb, nfull, c);
+        else if (two_tokens) tile_block<1, 2>(w + i, x0, x1, nkb, nfull, c);
+        else tile_block<1, 1>(w + i, x0, x1, nkb, nfull, c);
+        for (int ri = 0; ri < (two_rows ? 2 : 1); ++ri)
+          for (int ti = 0; ti < (two_tokens ? 2 : 1); ++ti) {
+            const int64_t t0 = (tt + ti) * kTile;
+            store_transposed(c + (2 * ri + ti) * 256, a.y + t0 * a.ldy + c0 + (i + ri) * kTile, a.ldy, w[i + ri].rows,
+                             min64(kTile, a.n - t0));
+          }
+      }
+    }
+  }
+  _tile_release();
+}
+
+const AmxBf16Kernels kKernels = {kTile, int(kChunkRows), k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm};
+
+}  // namespace
+
+const AmxBf16Kernels* amx_bf16_kernels() { return &kKernels; }
+
+}  // namespace mb::cpu
+
+#else
+
+namespace mb::cpu {
+const AmxBf16Kernels* amx_bf16_kernels() { return nullptr; }
+}  // namespace mb::cpu
+
+#endif
