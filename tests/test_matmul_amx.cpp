@@ -93,7 +93,7 @@ TEST(AmxBf16Matmul, NearTheFmaChainWithTokenRowAndKTails) {
   AmxScope on;
   ASSERT_TRUE(mb::cpu::amx_bf16_matmul_active());
   std::vector<Case> cases;
-  for (int64_t n : {16, 17, 33, 100})
+  for (int64_t n : {9, 16, 17, 33, 100})
     for (int64_t m : {16, 17, 40})
       for (int64_t k : {1, 17, 32, 64, 96, 100}) cases.push_back({n, k, m});
   for (Case c : std::vector<Case>{{512, 1536, 40}, {17, 1536, 1000}, {100, 2080, 1000}, {33, 2049, 40},
@@ -119,7 +119,7 @@ TEST(AmxBf16Matmul, StridedRowsAndPerTokenResultsIndependentOfTheBatch) {
   expect_near_fma_chain(c, x, ldx, w, all, ldy);
   // A token's row of y is one C tile column, summed over k alone: the same bits in any batch of
   // kAmxMinTokens or more.
-  for (int64_t n : {mb::cpu::kAmxMinTokens, int64_t(33)}) {
+  for (int64_t n : {mb::cpu::kAmxMinTokens, int64_t(16), int64_t(33)}) {
     const auto part = run({n, c.k, c.m}, x, ldx, w, ldy);
     for (int64_t i = 0; i < n * ldy; ++i) ASSERT_EQ(std::memcmp(&part[size_t(i)], &all[size_t(i)], 4), 0) << n << " " << i;
   }

@@ -334,15 +334,14 @@ void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
   const int64_t tiles = ceil_div(a.n, G.tile_tokens);
   pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (G.tile_tokens * a.k)),
                     [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
-  constexpr int64_t step = 32;
-  const int64_t threads = pool.size();
-  int64_t blk = G.task_rows;
+  const int64_t step = G.row_step, threads = pool.size();
+  int64_t blk = G.task_rows(a.k);
   if (ceil_div(a.m, blk) < 2 * threads) blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
   const int64_t tasks = ceil_div(a.m, blk);
   const double flops = 2.0 * double(a.n) * double(a.k) * double(a.m);
   pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
-    void* scratch = buf.get(G.scratch_bytes(a.k) / 4 + 1);
+    void* scratch = buf.get(G.scratch_bytes(a.n, a.k) / 4 + 1);
     G.gemm(a, xp, b * blk, std::min(a.m, e * blk), scratch);
   });
 }

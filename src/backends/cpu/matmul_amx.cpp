@@ -13,10 +13,6 @@ namespace {
 constexpr int kTile = 16;            // weight rows of an A tile, tokens of a B tile, both of a C tile
 constexpr int64_t kKBlock = 32;      // k per tile product: 32 bf16 = one 64-byte tile row
 constexpr int64_t kTileElems = 512;  // bf16 in one 1 KB tile
-// Rows of weights a task walks through with every token before it moves on: 256 KB of bf16 rows of
-// k = 1024, so they stay in L2 while the token tiles stream past them.
-constexpr int64_t kChunkRows = 128;
-constexpr int kChunkTiles = int(kChunkRows / kTile);
 // bf16 parts each activation is split into (split_bf16; matmul_amx.h says why).
 constexpr int kParts = 3;
 // bf16 of one token tile and k block in the packed activations: a B tile per part.
@@ -131,22 +127,40 @@ void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
     }
 }
 
-// Where a weight tile's 16 rows are read: full k blocks at `full` (rows `stride` bytes apart), the
-// last partial block (k % 32 != 0) from a zero-padded copy at `tail`.
+// Where a weight tile's k blocks come from. The first pass over a chunk's slice (its first token
+// tiles) reads full tiles straight from the weight rows, `stride` bytes apart, and, when later
+// passes will need them, stores each tile into the packed panel as it goes; later passes, tiles
+// with fewer than 16 rows and the block holding k's end read the panel, zero padded. So the
+// weights are read from memory once, overlapped with the tile products, and every later read is
+// a 1 KB piece of the panel in L2 (a tile from rows a multiple of 4 KB apart would put all 16
+// lines in one L1 set).
 struct WeightTile {
-  const uint8_t* full;
+  const uint8_t* rows;  // k block 0 of the first row; null: every block from the panel
   size_t stride;
-  const uint8_t* tail;
-  size_t tail_stride;
-  int rows;  // valid rows
+  int64_t direct;       // blocks read from `rows`; the rest from the panel
+  uint16_t* panel;      // the tile's k block 0 in the packed panel
+  bool keep;            // store the blocks read from `rows` into the panel
+
+  const void* at(int64_t kb, size_t& row_bytes) const {
+    if (kb < direct) {
+      row_bytes = stride;
+      return rows + kb * kKBlock * 2;
+    }
+    row_bytes = 64;
+    return panel + kb * kTileElems;
+  }
 };
 
 // One k block: the weight tiles, then per part of the activations its tiles and 4 products.
 template <int RT, int TT>
-inline void tile_step(const uint8_t* w0, const uint8_t* w1, size_t wstride0, size_t wstride1, const uint16_t* x0,
-                      const uint16_t* x1) {
-  _tile_loadd(4, w0, wstride0);
-  if constexpr (RT == 2) _tile_loadd(5, w1, wstride1);
+inline void tile_step(const WeightTile& w0, const WeightTile& w1, int64_t kb, const uint16_t* x0, const uint16_t* x1) {
+  size_t s0, s1;
+  _tile_loadd(4, w0.at(kb, s0), s0);
+  if (w0.keep && kb < w0.direct) _tile_stored(4, w0.panel + kb * kTileElems, 64);
+  if constexpr (RT == 2) {
+    _tile_loadd(5, w1.at(kb, s1), s1);
+    if (w1.keep && kb < w1.direct) _tile_stored(5, w1.panel + kb * kTileElems, 64);
+  }
   for (int p = 0; p < kParts; ++p) {
     _tile_loadd(6, x0 + p * kTileElems, 64);
     if constexpr (TT == 2) _tile_loadd(7, x1 + p * kTileElems, 64);
@@ -157,27 +171,39 @@ inline void tile_step(const uint8_t* w0, const uint8_t* w1, size_t wstride0, siz
   }
 }
 
-// C[i][j] = Σ_k of RT weight tiles times TT token tiles, stored to c + (2i + j) * 256 floats.
+// Where a block of C tiles starts from and goes: tile (i, j) at base + i * row_stride + j * 256
+// floats; a null `in` starts from zero.
+struct CTiles {
+  const float* in;
+  int64_t in_stride;
+  float* out;
+  int64_t out_stride;
+};
+
+// C[i][j] += RT weight tiles times TT token tiles over nkb k blocks.
 template <int RT, int TT>
-void tile_block(const WeightTile* w, const uint16_t* x0, const uint16_t* x1, int64_t nkb, int64_t nfull, float* c) {
-  _tile_zero(0);
-  if constexpr (TT == 2) _tile_zero(1);
-  if constexpr (RT == 2) _tile_zero(2);
-  if constexpr (RT == 2 && TT == 2) _tile_zero(3);
-  const WeightTile& w1 = w[RT - 1];
-  constexpr int64_t xstep = kXStep;
-  for (int64_t kb = 0; kb < nfull; ++kb)
-    tile_step<RT, TT>(w[0].full + kb * 64, w1.full + kb * 64, w[0].stride, w1.stride, x0 + kb * xstep, x1 + kb * xstep);
-  if (nfull < nkb)
-    tile_step<RT, TT>(w[0].tail, w1.tail, w[0].tail_stride, w1.tail_stride, x0 + nfull * xstep, x1 + nfull * xstep);
-  _tile_stored(0, c, 64);
-  if constexpr (TT == 2) _tile_stored(1, c + 256, 64);
-  if constexpr (RT == 2) _tile_stored(2, c + 512, 64);
-  if constexpr (RT == 2 && TT == 2) _tile_stored(3, c + 768, 64);
+void tile_block(const WeightTile& w0, const WeightTile& w1, const uint16_t* x0, const uint16_t* x1, int64_t nkb,
+                const CTiles& c) {
+  if (c.in) {
+    _tile_loadd(0, c.in, 64);
+    if constexpr (TT == 2) _tile_loadd(1, c.in + 256, 64);
+    if constexpr (RT == 2) _tile_loadd(2, c.in + c.in_stride, 64);
+    if constexpr (RT == 2 && TT == 2) _tile_loadd(3, c.in + c.in_stride + 256, 64);
+  } else {
+    _tile_zero(0);
+    if constexpr (TT == 2) _tile_zero(1);
+    if constexpr (RT == 2) _tile_zero(2);
+    if constexpr (RT == 2 && TT == 2) _tile_zero(3);
+  }
+  for (int64_t kb = 0; kb < nkb; ++kb) tile_step<RT, TT>(w0, w1, kb, x0 + kb * kXStep, x1 + kb * kXStep);
+  _tile_stored(0, c.out, 64);
+  if constexpr (TT == 2) _tile_stored(1, c.out + 256, 64);
+  if constexpr (RT == 2) _tile_stored(2, c.out + c.out_stride, 64);
+  if constexpr (RT == 2 && TT == 2) _tile_stored(3, c.out + c.out_stride + 256, 64);
 }
 
 // A C tile (16 weight rows x 16 tokens, f32) into y[token][row] for the valid rows and tokens.
-void store_transposed(const float* c, float* y, int64_t ldy, int rows, int64_t tokens) {
+void store_transposed(const float* c, float* y, int64_t ldy, int64_t rows, int64_t tokens) {
   __m512i v[kTile];
   for (int i = 0; i < kTile; ++i) v[i] = _mm512_load_si512(c + 16 * i);
   transpose16(v);
@@ -185,22 +211,47 @@ void store_transposed(const float* c, float* y, int64_t ldy, int rows, int64_t t
   for (int64_t t = 0; t < tokens; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, _mm512_castsi512_ps(v[t]));
 }
 
-// Rows [r, r + rows) of w, k blocks [kb0, nkb), into dst (rows `dst_stride` bytes apart), zero
-// past k and past the valid rows, 16 rows in all.
-void copy_padded(const MatArgs& a, int64_t r, int rows, int64_t kb0, int64_t nkb, uint8_t* dst, size_t dst_stride) {
-  const uint8_t* wb = static_cast<const uint8_t*>(a.w);
-  for (int i = 0; i < kTile; ++i)
-    for (int64_t kb = kb0; kb < nkb; ++kb) {
-      const int64_t k0 = kb * kKBlock;
-      const __mmask32 mask = i < rows ? low_bits32(a.k - k0) : __mmask32(0);
-      const __m512i v = _mm512_maskz_loadu_epi16(mask, wb + size_t(r + i) * a.w_stride + size_t(k0) * 2);
-      _mm512_storeu_si512(dst + size_t(i) * dst_stride + size_t(kb - kb0) * 64, v);
-    }
+// How a task walks its weights: chunks of `rows` rows, each in slices of `kbs` k blocks. A packed
+// slice (the panel, about kPanelBytes) stays in L2 while every token tile runs against it; partial
+// sums of C wait in scratch between slices. Each chunk streams every token's packed activations
+// for the slice once (6 bytes per token and k, three times the weights' 2), so chunks are as tall
+// as the panel allows; slices keep the panel within L2 for long rows.
+constexpr int64_t kPanelBytes = int64_t(768) << 10;
+constexpr int64_t kMaxSliceBlocks = 48;  // 1536 k
+constexpr int64_t kMaxChunkRows = 512;
+
+struct Walk {
+  int64_t nkb, slices, kbs, rows;
+};
+Walk walk(int64_t k) {
+  Walk w;
+  w.nkb = k_blocks(k);
+  w.slices = (w.nkb + kMaxSliceBlocks - 1) / kMaxSliceBlocks;
+  w.kbs = (w.nkb + w.slices - 1) / w.slices;
+  const int64_t rows = kPanelBytes / (w.kbs * kKBlock * 2) / 32 * 32;
+  w.rows = rows < 32 ? 32 : rows > kMaxChunkRows ? kMaxChunkRows : rows;
+  return w;
 }
 
-size_t k_scratch_bytes(int64_t k) {
-  // Tail blocks of a chunk's tiles, a padded copy of a partial last tile, the C tiles.
-  return size_t(kChunkTiles) * kTileElems * 2 + size_t(kTile) * size_t(k_blocks(k)) * 64 + 4 * 256 * 4;
+// Rows [r, r + rows) and k blocks [kb0, kb1) of the weights into one row tile of the panel
+// (block kb at dst + (kb - kb0) * 512), zero past the valid rows and past k.
+void pack_tile(const MatArgs& a, int64_t r, int64_t rows, int64_t kb0, int64_t kb1, uint16_t* dst) {
+  const uint8_t* wb = static_cast<const uint8_t*>(a.w);
+  for (int i = 0; i < kTile; ++i) {
+    const uint8_t* src = wb + size_t(i < rows ? r + i : r) * a.w_stride;
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const __mmask32 mask = i < rows ? low_bits32(a.k - kb * kKBlock) : __mmask32(0);
+      _mm512_store_si512(dst + (kb - kb0) * kTileElems + i * kKBlock,
+                         _mm512_maskz_loadu_epi16(mask, src + kb * kKBlock * 2));
+    }
+  }
+}
+
+size_t k_scratch_bytes(int64_t n, int64_t k) {
+  const Walk w = walk(k);
+  const size_t ntt = size_t((n + kTile - 1) / kTile), nrt = size_t(w.rows / kTile);
+  // The panel, partial sums when there are several slices, one block of C tiles.
+  return nrt * size_t(w.kbs) * kTileElems * 2 + (w.slices > 1 ? nrt * ntt * 256 * 4 : 0) + 4 * 256 * 4;
 }
 
 void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch) {
@@ -210,51 +261,62 @@ void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* 
     cfg.colsb[i] = 64;
   }
   _tile_loadconfig(&cfg);
-  const int64_t nkb = k_blocks(a.k), nfull = a.k / kKBlock, ntiles = (a.n + kTile - 1) / kTile;
-  const size_t padded_stride = size_t(nkb) * 64;
-  uint8_t* tails = static_cast<uint8_t*>(scratch);
-  uint8_t* padded = tails + kChunkTiles * kTileElems * 2;
-  float* c = reinterpret_cast<float*>(padded + kTile * padded_stride);
+  const Walk wk = walk(a.k);
+  const int64_t ntt = (a.n + kTile - 1) / kTile, nfull = a.k / kKBlock;
+  uint16_t* panel = static_cast<uint16_t*>(scratch);
+  float* c = reinterpret_cast<float*>(panel + (wk.rows / kTile) * wk.kbs * kTileElems);
+  float* partial = c + 4 * 256;
   const uint8_t* wb = static_cast<const uint8_t*>(a.w);
-  for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
-    const int64_t c1 = min64(r1, c0 + kChunkRows);
-    const int nrt = int((c1 - c0 + kTile - 1) / kTile);
-    WeightTile w[kChunkTiles];
-    for (int i = 0; i < nrt; ++i) {
-      const int64_t r = c0 + i * kTile;
-      const int rows = int(min64(kTile, c1 - r));
-      if (rows == kTile) {
-        uint8_t* tail = tails + size_t(i) * kTileElems * 2;
-        if (nfull < nkb) copy_padded(a, r, rows, nfull, nkb, tail, 64);
-        w[i] = {wb + size_t(r) * a.w_stride, a.w_stride, tail, 64, rows};
-      } else {
-        copy_padded(a, r, rows, 0, nkb, padded, padded_stride);
-        w[i] = {padded, padded_stride, padded + nfull * 64, padded_stride, rows};
+  for (int64_t c0 = r0; c0 < r1; c0 += wk.rows) {
+    const int64_t c1 = min64(r1, c0 + wk.rows), nrt = (c1 - c0 + kTile - 1) / kTile;
+    for (int64_t s = 0; s < wk.slices; ++s) {
+      const int64_t kb0 = s * wk.kbs, kb1 = min64(wk.nkb, kb0 + wk.kbs), nkb = kb1 - kb0;
+      const int64_t direct = min64(kb1, nfull) - kb0;  // full blocks, readable in place
+      const bool first_slice = s == 0, last_slice = s + 1 == wk.slices;
+      // Tiles that cannot be read in place go into the panel first.
+      for (int64_t i = 0; i < nrt; ++i) {
+        uint16_t* tile = panel + i * nkb * kTileElems;
+        const int64_t r = c0 + i * kTile, rows = min64(kTile, c1 - r);
+        if (rows < kTile) pack_tile(a, r, rows, kb0, kb1, tile);
+        else if (direct < nkb) pack_tile(a, r, rows, kb0 + direct, kb1, tile + direct * kTileElems);
       }
-    }
-    for (int64_t tt = 0; tt < ntiles; tt += 2) {
-      const bool two_tokens = tt + 1 < ntiles;
-      const uint16_t* x0 = xp + tt * nkb * kXStep;
-      const uint16_t* x1 = two_tokens ? x0 + nkb * kXStep : x0;
-      for (int i = 0; i < nrt; i += 2) {
-        const bool two_rows = i + 1 < nrt;
-        if (two_rows && two_tokens) tile_block<2, 2>(w + i, x0, x1, nkb, nfull, c);
-        else if (two_rows) tile_block<2, 1>(w + i, x0, x1, nkb, nfull, c);
-        else if (two_tokens) tile_block<1, 2>(w + i, x0, x1, nkb, nfull, c);
-        else tile_block<1, 1>(w + i, x0, x1, nkb, nfull, c);
-        for (int ri = 0; ri < (two_rows ? 2 : 1); ++ri)
-          for (int ti = 0; ti < (two_tokens ? 2 : 1); ++ti) {
-            const int64_t t0 = (tt + ti) * kTile;
-            store_transposed(c + (2 * ri + ti) * 256, a.y + t0 * a.ldy + c0 + (i + ri) * kTile, a.ldy, w[i + ri].rows,
-                             min64(kTile, a.n - t0));
+      for (int64_t tt = 0; tt < ntt; tt += 2) {
+        const bool two_tokens = tt + 1 < ntt, first_pass = tt == 0;
+        const uint16_t* x0 = xp + (tt * wk.nkb + kb0) * kXStep;
+        const uint16_t* x1 = two_tokens ? x0 + wk.nkb * kXStep : x0;
+        for (int64_t i = 0; i < nrt; i += 2) {
+          const bool two_rows = i + 1 < nrt;
+          WeightTile w[2];
+          for (int64_t j = 0; j < (two_rows ? 2 : 1); ++j) {
+            const int64_t r = c0 + (i + j) * kTile;
+            const bool in_place = first_pass && c1 - r >= kTile;
+            w[j] = {in_place ? wb + size_t(r) * a.w_stride + size_t(kb0) * kKBlock * 2 : nullptr, a.w_stride,
+                    in_place ? direct : 0, panel + (i + j) * nkb * kTileElems, ntt > 2};
           }
+          float* sums = partial + (i * ntt + tt) * 256;
+          const CTiles ct{first_slice ? nullptr : sums, ntt * 256, last_slice ? c : sums,
+                          last_slice ? 512 : ntt * 256};
+          if (two_rows && two_tokens) tile_block<2, 2>(w[0], w[1], x0, x1, nkb, ct);
+          else if (two_rows) tile_block<2, 1>(w[0], w[1], x0, x1, nkb, ct);
+          else if (two_tokens) tile_block<1, 2>(w[0], w[0], x0, x1, nkb, ct);
+          else tile_block<1, 1>(w[0], w[0], x0, x1, nkb, ct);
+          if (!last_slice) continue;
+          for (int64_t ri = 0; ri < (two_rows ? 2 : 1); ++ri)
+            for (int64_t ti = 0; ti < (two_tokens ? 2 : 1); ++ti) {
+              const int64_t t0 = (tt + ti) * kTile, r = c0 + (i + ri) * kTile;
+              store_transposed(c + (2 * ri + ti) * 256, a.y + t0 * a.ldy + r, a.ldy, min64(kTile, c1 - r),
+                               min64(kTile, a.n - t0));
+            }
+        }
       }
     }
   }
   _tile_release();
 }
 
-const AmxBf16Kernels kKernels = {kTile, int(kChunkRows), k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm};
+int64_t k_task_rows(int64_t k) { return walk(k).rows; }
+
+const AmxBf16Kernels kKernels = {kTile, 2 * kTile, k_task_rows, k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm};
 
 }  // namespace
 

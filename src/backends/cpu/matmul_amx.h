@@ -10,14 +10,14 @@
 // differs from the exact sum only by the f32 additions, like the f32 GEMM. Three parts, not two:
 // with x ≈ hi + lo the per-term error is up to 2^-16 |x·w|, and the bf16 fixtures' logits moved by
 // up to 7e-4 against exact math (limit 1e-4); with three the split is exact (three 8-bit
-// significands hold f32's 24 bits) and they stay within 2e-5, as with the f32 path. Three times
-// the tile products still run ~3x faster than the FMAs.
+// significands hold f32's 24 bits) and they stay within 2e-5, as with the f32 path. With three
+// times the tile products a matmul still runs 2-3x faster than the f32 GEMM.
 //
-// Roles: the weights are the A operand, 16 rows x 32 k, loaded straight from their rows in memory
-// (the mapped file; nothing is repacked or copied at load, decode keeps reading them as before);
-// the activations are the B operand, packed once per call (pack_x) into the k-pair layout B tiles
-// want, hi and lo tiles side by side. C tiles hold 16 weight rows x 16 tokens and are transposed
-// into y.
+// Roles: the weights are the A operand, 16 rows x 32 k, read from their rows in memory where they
+// lie (the mapped file: nothing is repacked at load, decode keeps reading them as before) and kept
+// in a per-task panel for the next token tiles; the activations are the B operand, split and
+// packed once per call (pack_x) into the k-pair layout B tiles want. C tiles hold 16 weight rows x
+// 16 tokens and are transposed into y.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,11 +28,13 @@ namespace mb::cpu {
 
 struct AmxBf16Kernels {
   int tile_tokens;  // tokens per packed activation tile
-  int task_rows;    // weight rows per step of a task: tasks should start on multiples of it
+  int row_step;     // weight rows per step (two tiles): tasks should start on multiples of it
+  // Rows a gemm call walks with every token at once; tasks of that many rows waste nothing.
+  int64_t (*task_rows)(int64_t k);
   // Bytes of the packed activations for n tokens of k.
   size_t (*xp_bytes)(int64_t n, int64_t k);
   // Bytes of 64-byte aligned scratch a gemm call needs.
-  size_t (*scratch_bytes)(int64_t k);
+  size_t (*scratch_bytes)(int64_t n, int64_t k);
   // Splits and packs the tokens of tiles [tile0, tile1) of a.x into xp (xp_bytes(a.n, a.k)).
   void (*pack_x)(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1);
   // y for weight rows [r0, r1) and every token; loads its tile configuration and releases the
