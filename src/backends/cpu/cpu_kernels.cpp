@@ -336,7 +336,8 @@ void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
                     [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
   const int64_t step = G.row_step, threads = pool.size();
   int64_t blk = G.task_rows(a.k);
-  if (ceil_div(a.m, blk) < 2 * threads) blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
+  if (ceil_div(a.m, blk) < 2 * threads)
+    blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
   const int64_t tasks = ceil_div(a.m, blk);
   const double flops = 2.0 * double(a.n) * double(a.k) * double(a.m);
   pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
