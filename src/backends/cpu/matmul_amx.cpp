@@ -73,8 +73,8 @@ inline __m512i round_bf16(__m512i u) {
 // significand, so the split is exact except that tile products read bf16 denormals as zero (parts
 // below 2^-126, from |x| < ~2^-110). Where rounding would carry x past the largest bf16, part[0] is
 // x truncated instead, so it stays finite; inf and NaN keep part[0] = x (truncated, NaNs kept
-// quiet) and zero parts after it. The parts come out as bf16 bits.
-template <int P> inline void split_bf16(__m512 x, __m256i (&part)[P]) {
+// quiet) and zero parts after it. The parts come out as f32 bits whose low halves are zero.
+template <int P> inline void split_bf16(__m512 x, __m512i (&part)[P]) {
   const __m512i u = _mm512_castps_si512(x), abs_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i inf = _mm512_set1_epi32(0x7f800000), high_half = _mm512_set1_epi32(int32_t(0xffff0000u));
   const __mmask16 nonfinite = _mm512_cmpge_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
@@ -82,13 +82,31 @@ template <int P> inline void split_bf16(__m512 x, __m256i (&part)[P]) {
   __m512i h = round_bf16(u);
   const __mmask16 carried = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h, abs_mask), inf);
   h = _mm512_mask_and_epi32(h, carried | nonfinite, u, high_half);
-  h = _mm512_mask_or_epi32(h, nan, h, _mm512_set1_epi32(0x00400000));
-  part[0] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16));
-  __m512 rest = _mm512_maskz_sub_ps(__mmask16(~nonfinite), x, _mm512_castsi512_ps(h));
+  part[0] = _mm512_mask_or_epi32(h, nan, h, _mm512_set1_epi32(0x00400000));
+  __m512 rest = _mm512_maskz_sub_ps(__mmask16(~nonfinite), x, _mm512_castsi512_ps(part[0]));
   for (int p = 1; p < P; ++p) {
-    h = round_bf16(_mm512_castps_si512(rest));
-    part[p] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16));
-    rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(h));
+    part[p] = round_bf16(_mm512_castps_si512(rest));
+    rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(part[p]));
+  }
+}
+
+// Rows of an 8 x 8 matrix of 64-bit lanes become its columns.
+inline void transpose8(__m512i (&r)[8]) {
+  // t[2i + e], 128-bit lane l: column 2l + e of rows 2i, 2i + 1.
+  __m512i t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi64(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi64(r[2 * i], r[2 * i + 1]);
+  }
+  for (int e = 0; e < 2; ++e) {
+    const __m512i u01 = _mm512_shuffle_i64x2(t[e], t[2 + e], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i u23 = _mm512_shuffle_i64x2(t[e], t[2 + e], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i v01 = _mm512_shuffle_i64x2(t[4 + e], t[6 + e], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i v23 = _mm512_shuffle_i64x2(t[4 + e], t[6 + e], _MM_SHUFFLE(3, 2, 3, 2));
+    r[e] = _mm512_shuffle_i64x2(u01, v01, _MM_SHUFFLE(2, 0, 2, 0));
+    r[2 + e] = _mm512_shuffle_i64x2(u01, v01, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + e] = _mm512_shuffle_i64x2(u23, v23, _MM_SHUFFLE(2, 0, 2, 0));
+    r[6 + e] = _mm512_shuffle_i64x2(u23, v23, _MM_SHUFFLE(3, 1, 3, 1));
   }
 }
 
@@ -97,32 +115,39 @@ size_t k_xp_bytes(int64_t n, int64_t k) {
 }
 
 // Per token tile and k block, one 1 KB B tile per part of the split. B tile row p holds k pair p
-// of the 16 tokens: (x[t][2p], x[t][2p + 1]) for t = 0..15, which is the 16 x 16 matrix of bf16
-// pairs (token, pair) transposed. Tokens past n and k past the end are zeros.
+// of the 16 tokens: (x[t][2p], x[t][2p + 1]) for t = 0..15. The f32 pairs are transposed first
+// (8 x 8 blocks of 64-bit lanes: tokens to pair rows), then split, which works lane by lane, and
+// each part's high halves gathered into the row. Tokens past n and k past the end are zeros.
 void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
   const int64_t nkb = k_blocks(a.k);
+  // Words 1, 3, .., 31 of the first vector, then of the second: the bf16 high halves in order.
+  alignas(64) int16_t odd[32];
+  for (int i = 0; i < 32; ++i) odd[i] = int16_t(2 * i + 1);
+  const __m512i high_halves = _mm512_load_si512(odd);
   for (int64_t tile = tile0; tile < tile1; ++tile)
     for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t k0 = kb * kKBlock, kr = min64(kKBlock, a.k - k0);
-      const __mmask16 m0 = low_bits16(kr), m1 = low_bits16(kr - 16 > 0 ? kr - 16 : 0);
-      __m512i parts[kParts][kTile];
-      for (int t = 0; t < kTile; ++t) {
-        const int64_t token = tile * kTile + t;
-        if (token >= a.n) {
-          for (int p = 0; p < kParts; ++p) parts[p][t] = _mm512_setzero_si512();
-          continue;
-        }
-        const float* src = a.x + token * a.ldx + k0;
-        __m256i first[kParts], second[kParts];
-        split_bf16(_mm512_maskz_loadu_ps(m0, src), first);
-        split_bf16(_mm512_maskz_loadu_ps(m1, src + 16), second);
-        for (int p = 0; p < kParts; ++p)
-          parts[p][t] = _mm512_inserti64x4(_mm512_castsi256_si512(first[p]), second[p], 1);
-      }
+      const int64_t k0 = kb * kKBlock;
       uint16_t* dst = xp + (tile * nkb + kb) * kXStep;
-      for (int p = 0; p < kParts; ++p) {
-        transpose16(parts[p]);
-        for (int row = 0; row < kTile; ++row) _mm512_store_si512(dst + p * kTileElems + row * 32, parts[p][row]);
+      for (int half = 0; half < 2; ++half) {  // k pairs 8 half .. 8 half + 7
+        const int64_t kh = k0 + 16 * half;
+        const __mmask16 mask = low_bits16(a.k - kh > 0 ? a.k - kh : 0);
+        __m512i pairs[2][8];  // [token group of 8][pair]
+        for (int g = 0; g < 2; ++g) {
+          for (int i = 0; i < 8; ++i) {
+            const int64_t token = tile * kTile + 8 * g + i;
+            pairs[g][i] = token < a.n ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, a.x + token * a.ldx + kh))
+                                      : _mm512_setzero_si512();
+          }
+          transpose8(pairs[g]);
+        }
+        for (int j = 0; j < 8; ++j) {
+          __m512i lo[kParts], hi[kParts];  // tokens 0-7, 8-15
+          split_bf16(_mm512_castsi512_ps(pairs[0][j]), lo);
+          split_bf16(_mm512_castsi512_ps(pairs[1][j]), hi);
+          for (int p = 0; p < kParts; ++p)
+            _mm512_store_si512(dst + p * kTileElems + (8 * half + j) * 32,
+                               _mm512_permutex2var_epi16(lo[p], high_halves, hi[p]));
+        }
       }
     }
 }
