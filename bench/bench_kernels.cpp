@@ -4,6 +4,8 @@
 //                                  weight bytes, `of_membw` is that over the read bandwidth
 //                                  measured by MemBw (1 GiB sum, as `markbase bench --membw`)
 //   Gemm/<isa>/<dtype>/n:<tokens>  prefill matmul 6144 x 1536; GFLOPS = 2 n k m per second
+//   Gemm/avx512-amx/BF16/...       the same bf16 matmuls on AMX tiles (where the CPU runs them);
+//                                  Gemm/avx512/BF16 is the f32 GEMM with AMX turned off
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
 //                                  (AVX-512 VNNI); bytes are the packed weight bytes
@@ -42,6 +44,12 @@ struct IsaScope {
   Isa prev;
   explicit IsaScope(Isa i) : prev(mb::cpu::set_isa(i)) {}
   ~IsaScope() { mb::cpu::set_isa(prev); }
+};
+
+struct AmxScope {
+  bool prev;
+  explicit AmxScope(bool on) : prev(mb::cpu::set_amx_bf16_matmul(on)) {}
+  ~AmxScope() { mb::cpu::set_amx_bf16_matmul(prev); }
 };
 
 mb::Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed) {
@@ -106,11 +114,12 @@ WeightSet& weights(DType dt, int64_t m, int64_t k, bool rotate) {
 
 bool measure_membw();
 
-void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv) {
+void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv, bool amx = false) {
   if (gemv) {
     [[maybe_unused]] static const bool measured = measure_membw();
   }
   IsaScope scope(isa);
+  AmxScope amx_scope(amx);
   WeightSet& ws = weights(dt, m, k, gemv);
   mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
   const size_t wbytes = size_t(m * k) * mb::dtype_size(dt);
@@ -215,6 +224,10 @@ bool register_all() {
         benchmark::RegisterBenchmark(("Gemm/" + in + "/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
                                      [=](benchmark::State& s) { Matmul(s, isa, dt, n, 6144, 1536, false); })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
+        if (isa == Isa::Avx512 && dt == DType::BF16 && mb::cpu::cpu_amx_bf16_ready())
+          benchmark::RegisterBenchmark(("Gemm/avx512-amx/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
+                                       [=](benchmark::State& s) { Matmul(s, isa, dt, n, 6144, 1536, false, true); })
+              ->UseRealTime()->Unit(benchmark::kMillisecond);
       }
     struct A { const char* name; int64_t n, ctx; int window; };
     for (A c : {A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},

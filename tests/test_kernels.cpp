@@ -1,11 +1,13 @@
 // Every CPU kernel path this machine can run (scalar, AVX2, AVX-512) against its scalar twin, on
-// random shapes with odd sizes, tails and zero lengths; the thread pool's contract.
+// random shapes with odd sizes, tails and zero lengths; the AMX-BF16 matmul against the fma chain
+// within f32 rounding; the thread pool's contract.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -47,9 +49,9 @@ struct Weights {
   std::vector<uint8_t> bytes;
   std::vector<float> f32;
 };
-Weights make_weights(DType dt, size_t n, std::mt19937& rng) {
+Weights make_weights(DType dt, size_t n, std::mt19937& rng, float scale = 1.f) {
   Weights w;
-  w.f32 = randn(n, rng);
+  w.f32 = randn(n, rng, scale);
   w.bytes.resize(n * mb::dtype_size(dt) + 1);
   for (size_t i = 0; i < n; ++i) {
     if (dt == DType::F32) {
@@ -62,6 +64,13 @@ Weights make_weights(DType dt, size_t n, std::mt19937& rng) {
   }
   return w;
 }
+
+// The fma-chain paths only: bf16 matmuls of 16+ tokens would otherwise run on AMX tiles, whose
+// near-f32 results test_matmul_amx.cpp checks.
+struct AmxOff {
+  bool prev = mb::cpu::set_amx_bf16_matmul(false);
+  ~AmxOff() { mb::cpu::set_amx_bf16_matmul(prev); }
+};
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0 || (a == 0 && b == 0); }
 
@@ -99,6 +108,7 @@ std::vector<Shape> matmul_shapes() {
 }
 
 TEST(KernelMatmul, EveryPathMatchesTheFmaChain) {
+  AmxOff fma_chains;
   std::mt19937 rng(1);
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     for (const Shape& sh : matmul_shapes()) {
@@ -159,6 +169,7 @@ TEST(KernelMatmul, BlockWeightsMatchTheFmaChainOverDequantizedRows) {
 TEST(KernelMatmul, StridedRowsAndBatchInvariance) {
   // A token's output is the same whether it comes alone (GEMV) or with 44 others (GEMM), and
   // whatever the row strides of x and y.
+  AmxOff fma_chains;
   std::mt19937 rng(2);
   const int64_t n = 45, k = 301, m = 77, ldx = 310, ldy = 80;
   auto x = randn(size_t(n * ldx), rng);
@@ -178,6 +189,134 @@ TEST(KernelMatmul, StridedRowsAndBatchInvariance) {
       }
       for (int64_t r = m; r < ldy; ++r) ASSERT_EQ(all[size_t(t * ldy + r)], -3.f);
     }
+  }
+}
+
+// ---------------------------------------------------------------- AMX-BF16 matmul
+
+// The AVX-512 table with the AMX path on, for the test's lifetime; previous settings after.
+struct AmxScope {
+  Isa prev_isa;
+  bool prev_on;
+  explicit AmxScope(Isa isa = Isa::Avx512, bool on = true)
+      : prev_isa(mb::cpu::set_isa(isa)), prev_on(mb::cpu::set_amx_bf16_matmul(on)) {}
+  ~AmxScope() {
+    mb::cpu::set_amx_bf16_matmul(prev_on);
+    mb::cpu::set_isa(prev_isa);
+  }
+};
+
+bool amx_runs() { return mb::cpu::kernels_for(Isa::Avx512) && mb::cpu::cpu_amx_bf16_ready(); }
+
+// y = x · wᵀ through cpu::matmul with row strides ldx >= k, ldy >= m; cells past m stay -7.
+std::vector<float> run(const Shape& c, const std::vector<float>& x, int64_t ldx, const Weights& w, int64_t ldy) {
+  std::vector<float> y(size_t(c.n * ldy) + 1, -7.f);
+  mb::cpu::matmul(x.data(), ldx, c.n, c.k, DType::BF16, w.bytes.data(), size_t(c.k) * 2, c.m, y.data(), ldy);
+  return y;
+}
+
+// |y - fma chain| <= 1e-6 Σ|x·w| + 1e-6 for every output, all finite, nothing written past m. The
+// split activations are exact, so only the f32 additions' order differs (a two-part split would
+// be off by up to 2^-16 Σ|x·w|).
+void expect_near_fma_chain(const Shape& c, const std::vector<float>& x, int64_t ldx, const Weights& w,
+                           const std::vector<float>& y, int64_t ldy) {
+  std::vector<float> xd(size_t(c.n * c.k)), ref(size_t(c.n * c.m));
+  for (int64_t t = 0; t < c.n; ++t) std::memcpy(&xd[size_t(t * c.k)], &x[size_t(t * ldx)], size_t(c.k) * 4);
+  mb::cpu::matmul_ref(xd.data(), c.n, c.k, DType::BF16, w.bytes.data(), c.m, ref.data());
+  for (int64_t t = 0; t < c.n; ++t) {
+    for (int64_t r = 0; r < c.m; ++r) {
+      double mag = 0;
+      for (int64_t i = 0; i < c.k; ++i) mag += std::fabs(double(xd[size_t(t * c.k + i)]) * w.f32[size_t(r * c.k + i)]);
+      const float got = y[size_t(t * ldy + r)], want = ref[size_t(t * c.m + r)];
+      ASSERT_TRUE(std::isfinite(got)) << "n=" << c.n << " k=" << c.k << " m=" << c.m << " t=" << t << " r=" << r;
+      ASSERT_NEAR(got, want, 1e-6 * mag + 1e-6)
+          << "n=" << c.n << " k=" << c.k << " m=" << c.m << " t=" << t << " r=" << r;
+    }
+    for (int64_t r = c.m; r < ldy; ++r) ASSERT_EQ(y[size_t(t * ldy + r)], -7.f) << "wrote past m";
+  }
+  ASSERT_EQ(y.back(), -7.f) << "wrote past y";
+}
+
+TEST(AmxBf16Matmul, NearTheFmaChainWithTokenRowAndKTails) {
+  if (!amx_runs()) GTEST_SKIP() << "no AMX-BF16 on this CPU/OS/build";
+  AmxScope on;
+  ASSERT_TRUE(mb::cpu::amx_bf16_matmul_active());
+  std::vector<Shape> cases;
+  for (int64_t n : {9, 16, 17, 33, 100})
+    for (int64_t m : {16, 17, 40})
+      for (int64_t k : {1, 17, 32, 64, 96, 100}) cases.push_back({n, k, m});
+  for (Shape c : std::vector<Shape>{{512, 1536, 40}, {17, 1536, 1000}, {100, 2080, 1000}, {33, 2049, 40},
+                                   {512, 2144, 17}, {48, 2048 + 3 * 32, 300}})
+    cases.push_back(c);
+  std::mt19937 rng(11);
+  for (const Shape& c : cases) {
+    auto x = randn(size_t(c.n * c.k), rng);
+    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+    expect_near_fma_chain(c, x, c.k, w, run(c, x, c.k, w, c.m), c.m);
+  }
+}
+
+TEST(AmxBf16Matmul, StridedRowsAndPerTokenResultsIndependentOfTheBatch) {
+  if (!amx_runs()) GTEST_SKIP() << "no AMX-BF16 on this CPU/OS/build";
+  AmxScope on;
+  std::mt19937 rng(12);
+  const Shape c{70, 301, 77};
+  const int64_t ldx = 310, ldy = 80;
+  auto x = randn(size_t(c.n * ldx), rng);
+  auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+  const auto all = run(c, x, ldx, w, ldy);
+  expect_near_fma_chain(c, x, ldx, w, all, ldy);
+  // A token's row of y is one C tile column, summed over k alone: the same bits in any batch of
+  // kAmxMinTokens or more.
+  for (int64_t n : {mb::cpu::kAmxMinTokens, int64_t(16), int64_t(33)}) {
+    const auto part = run({n, c.k, c.m}, x, ldx, w, ldy);
+    for (int64_t i = 0; i < n * ldy; ++i)
+      ASSERT_TRUE(same_bits(part[size_t(i)], all[size_t(i)])) << "n=" << n << " at " << i;
+  }
+}
+
+TEST(AmxBf16Matmul, ExtremeMagnitudesStayFinite) {
+  if (!amx_runs()) GTEST_SKIP() << "no AMX-BF16 on this CPU/OS/build";
+  AmxScope on;
+  std::mt19937 rng(13);
+  const Shape c{33, 100, 40};
+  // Activations of 1e30 times unit weights; unit activations times weights of 1e30; activations
+  // at the largest floats (whose bf16 rounding would overflow) times tiny weights.
+  struct Scales {
+    float x, w;
+  };
+  for (Scales s : {Scales{1e30f, 1.f}, Scales{1.f, 1e30f}, Scales{1e-30f, 1.f}}) {
+    auto x = randn(size_t(c.n * c.k), rng, s.x);
+    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng, s.w);
+    expect_near_fma_chain(c, x, c.k, w, run(c, x, c.k, w, c.m), c.m);
+  }
+  std::vector<float> x(size_t(c.n * c.k));
+  const float big = std::numeric_limits<float>::max();
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 ? 1.f : -1.f) * (i % 2 ? big : 0.999999f * big);
+  auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng, 1e-6f);
+  expect_near_fma_chain(c, x, c.k, w, run(c, x, c.k, w, c.m), c.m);
+}
+
+// With the switch off, and under the AVX2 table (AMX on), BF16 matmuls are the fma chain again.
+TEST(AmxBf16Matmul, OffOrOtherTablesGiveTheFmaChainBitForBit) {
+  std::mt19937 rng(14);
+  const Shape c{40, 600, 50};
+  auto x = randn(size_t(c.n * c.k), rng);
+  auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+  std::vector<float> ref(size_t(c.n * c.m));
+  mb::cpu::matmul_ref(x.data(), c.n, c.k, DType::BF16, w.bytes.data(), c.m, ref.data());
+  struct Setting {
+    Isa isa;
+    bool amx;
+  };
+  for (Setting s : {Setting{Isa::Avx512, false}, Setting{Isa::Avx2, true}, Setting{Isa::Scalar, true}}) {
+    if (!mb::cpu::kernels_for(s.isa)) continue;
+    AmxScope scope(s.isa, s.amx);
+    EXPECT_FALSE(mb::cpu::amx_bf16_matmul_active()) << mb::cpu::isa_name(s.isa);
+    if (s.isa == Isa::Scalar) continue;  // the scalar table's dot is not the fma chain
+    const auto y = run(c, x, c.k, w, c.m);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_EQ(std::memcmp(&y[i], &ref[i], 4), 0) << mb::cpu::isa_name(s.isa) << " amx " << s.amx << " at " << i;
   }
 }
 

@@ -1,6 +1,7 @@
 // Kernel dispatch, the scalar kernel table, and the parallel drivers. Compiled for the baseline
 // x86-64 target like the rest of the library: nothing here may assume AVX.
 #include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/matmul_amx.h"
 #include "core/quant.h"
 
 #include <algorithm>
@@ -279,6 +280,17 @@ bool amx_permitted() {
 bool cpu_amx_int8_ready() { return features().amx_int8 && amx_permitted(); }
 bool cpu_amx_bf16_ready() { return features().amx_bf16 && amx_permitted(); }
 
+namespace {
+std::atomic<bool> g_amx_bf16_on{true};
+}  // namespace
+
+bool amx_bf16_matmul_active() {
+  return g_amx_bf16_on.load(std::memory_order_relaxed) && kernels().isa == Isa::Avx512 && amx_bf16_kernels() &&
+         cpu_amx_bf16_ready();
+}
+
+bool set_amx_bf16_matmul(bool on) { return g_amx_bf16_on.exchange(on); }
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return "scalar";
@@ -318,6 +330,28 @@ DequantFn dequant_fn(DType t) {
   }
 }
 
+// bf16 weights times many tokens on AMX tiles (matmul_amx.h says why): the activations are split
+// and packed once, then tasks of whole 32-row steps (two weight tiles) run over every token.
+void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
+  ThreadPool& pool = ThreadPool::global();
+  thread_local Scratch xp_buf;
+  uint16_t* xp = reinterpret_cast<uint16_t*>(xp_buf.get(G.xp_bytes(a.n, a.k) / 4));
+  const int64_t tiles = ceil_div(a.n, G.tile_tokens);
+  pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (G.tile_tokens * a.k)),
+                    [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
+  const int64_t step = G.row_step, threads = pool.size();
+  int64_t blk = G.task_rows(a.k);
+  if (ceil_div(a.m, blk) < 2 * threads)
+    blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
+  const int64_t tasks = ceil_div(a.m, blk);
+  const double flops = 2.0 * double(a.n) * double(a.k) * double(a.m);
+  pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
+    thread_local Scratch buf;
+    void* scratch = buf.get(G.scratch_bytes(a.n, a.k) / 4 + 1);
+    G.gemm(a, xp, b * blk, std::min(a.m, e * blk), scratch);
+  });
+}
+
 }  // namespace
 
 bool matmul_blocks_supported(int64_t n) {
@@ -341,6 +375,10 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
     a.block_bytes = dtype_block_bytes(wt);
   } else {
     a.wt = wtype(wt);
+  }
+  if (a.wt == WType::BF16 && n >= kAmxMinTokens && amx_bf16_matmul_active()) {
+    matmul_amx_bf16(*amx_bf16_kernels(), a);
+    return;
   }
   ThreadPool& pool = ThreadPool::global();
   if (!K.gemm || n <= K.gemv_max_tokens) {

@@ -25,6 +25,17 @@ bool cpu_has_avx512_bf16();
 // this process the permission Linux requires (requested on the first call). MARKBASE_AMX=0 says no.
 bool cpu_amx_int8_ready();
 bool cpu_amx_bf16_ready();
+// Whether matmul runs bf16 weights times kAmxMinTokens or more tokens on AMX tiles (matmul_amx.h;
+// f32-accurate results, but not the fma chain's bits): the active table is AVX-512, the build has
+// the kernels, cpu_amx_bf16_ready(), and set_amx_bf16_matmul has not turned it off.
+bool amx_bf16_matmul_active();
+// Process-wide switch for that path (tests, benchmarks); on by default. Returns the previous value.
+// Not for use while kernels run on other threads.
+bool set_amx_bf16_matmul(bool on);
+// Where the AVX-512 table leaves its GEMV (decode, batches of up to 8) for its GEMM. AMX replaces
+// that GEMM (2.7-4x faster from 9 to 16 tokens, ~3x at 512); the GEMV stays, so decode keeps the
+// fma chain's bits (AMX measured 1.1-1.6x faster at 2-8 tokens, 1.06x at 1: memory-bound).
+constexpr int64_t kAmxMinTokens = 9;
 
 bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);
