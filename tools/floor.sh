@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Share of the memory floor for decode: alternates `markbase bench --membw` with a decode run of
+# FILE, ROUNDS times, and prints each round's streamed GB/s over the mean of the bandwidth read
+# just before and just after it, then the median share. Decode speed and bandwidth swing with the
+# neighbours on shared machines, so only a probe taken around each run is a fair floor.
+#   tools/floor.sh FILE.gguf [ROUNDS=5] [TG=128]
+set -euo pipefail
+model=${1:?usage: $0 FILE.gguf [ROUNDS] [TG]}
+rounds=${2:-5}
+tg=${3:-128}
+mb=${MARKBASE:-$(dirname "$0")/../build/bin/markbase}
+[[ -x $mb ]] || { echo "no markbase at $mb (tools/build.sh release)" >&2; exit 1; }
+membw() { "$mb" bench --membw --json 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["membw_gb_per_s"])'; }
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; model $model, --pp 16 --tg $tg, $rounds rounds"
+shares=()
+for r in $(seq 1 "$rounds"); do
+  before=$(membw)
+  streamed=$("$mb" bench -m "$model" --pp 16 --tg "$tg" --reps 1 --json 2>/dev/null |
+    python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["tg_tokens_per_s"] * j["weight_bytes_per_token"] / 1e9)')
+  after=$(membw)
+  share=$(python3 -c "print(f'{$streamed / (($before + $after) / 2):.3f}')")
+  shares+=("$share")
+  printf 'round %d: streamed %.2f GB/s, membw %.1f / %.1f GB/s, share %s (load %s)\n' "$r" "$streamed" "$before" "$after" "$share" "$(cut -d' ' -f1 /proc/loadavg)"
+done
+printf '%s\n' "${shares[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median share of the floor: %s\n", (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'
