@@ -107,12 +107,10 @@ std::string synthetic_tokenizer_path(const std::string& given) {
 // -m with --dtype: the quantization type that writes what the model converted to at load.
 QuantType save_quant_type(const std::string& dtype) {
   if (dtype == "auto") return QuantType::Keep;
-  if (dtype == "f32") return QuantType::F32;
-  if (dtype == "bf16") return QuantType::BF16;
-  if (dtype == "q8_0") return QuantType::Q8_0;
-  if (dtype == "q4_0") return QuantType::Q4_0;
-  fail("bench: -m PATH --dtype {} --save cannot write the converted model (use --dtype auto, f32, bf16, q8_0 or "
-       "q4_0, or `markbase quantize`)", dtype);
+  MB_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "q8_0" || dtype == "q4_0",
+           "bench: -m PATH --dtype {} --save cannot write the converted model (use --dtype auto, f32, bf16, q8_0 or "
+           "q4_0, or `markbase quantize`)", dtype);
+  return parse_quant_type(dtype);
 }
 
 void save_gguf(const Checkpoint& ck, const BenchArgs& a) {

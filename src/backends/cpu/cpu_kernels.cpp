@@ -150,7 +150,7 @@ const KernelTable kScalar = {
 
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, avx512_vnni = false;
-  bool avx512_bf16 = false, amx_int8 = false, amx_bf16 = false;  // AMX: the CPU and the OS's XCR0
+  bool amx_int8 = false, amx_bf16 = false;  // the CPU and the OS's XCR0
 };
 
 CpuFeatures detect_features() {
@@ -174,7 +174,6 @@ CpuFeatures detect_features() {
   const bool amx_tile = d & (1u << 24);
   f.amx_int8 = f.avx512_vnni && tiles_os && amx_tile && (d & (1u << 25));
   f.amx_bf16 = f.avx512 && tiles_os && amx_tile && (d & (1u << 22));
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512 && (a & (1u << 5));
 #endif
   return f;
 }
@@ -224,22 +223,6 @@ std::atomic<const KernelTable*>& active_slot() {
   return slot;
 }
 
-// 64-byte aligned scratch that grows and is kept per thread.
-struct Scratch {
-  float* p = nullptr;
-  size_t cap = 0;
-  ~Scratch() { std::free(p); }
-  float* get(size_t floats) {
-    if (floats > cap) {
-      std::free(p);
-      cap = std::max(floats, cap + cap / 2);
-      p = static_cast<float*>(std::aligned_alloc(64, (cap * 4 + 63) / 64 * 64));
-      MB_CHECK(p != nullptr, "out of memory for {} bytes of kernel scratch", cap * 4);
-    }
-    return p;
-  }
-};
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -257,7 +240,20 @@ Isa set_isa(Isa isa) {
 }
 
 bool cpu_has_avx512_vnni() { return features().avx512_vnni; }
-bool cpu_has_avx512_bf16() { return features().avx512_bf16; }
+
+Scratch::~Scratch() { std::free(p_); }
+
+void* Scratch::bytes(size_t n) {
+  if (n > cap_ || !p_) {
+    std::free(p_);
+    cap_ = (std::max(n, cap_ + cap_ / 2) + 63) / 64 * 64;
+    p_ = std::aligned_alloc(64, std::max<size_t>(64, cap_));
+    MB_CHECK(p_ != nullptr, "out of memory for {} bytes of kernel scratch", cap_);
+  }
+  return p_;
+}
+
+float* Scratch::floats(size_t n) { return static_cast<float*>(bytes(n * sizeof(float))); }
 
 namespace {
 // Linux hands out the 8 KB tile state only to processes that ask (arch_prctl
@@ -265,7 +261,7 @@ namespace {
 bool request_amx_permission() {
 #if defined(__linux__) && defined(__x86_64__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  if (std::getenv("MARKBASE_AMX") && std::string(std::getenv("MARKBASE_AMX")) == "0") return false;
+  if (const char* env = std::getenv("MARKBASE_AMX"); env && std::string(env) == "0") return false;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 #else
   return false;
@@ -335,7 +331,7 @@ DequantFn dequant_fn(DType t) {
 void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
   ThreadPool& pool = ThreadPool::global();
   thread_local Scratch xp_buf;
-  uint16_t* xp = reinterpret_cast<uint16_t*>(xp_buf.get(G.xp_bytes(a.n, a.k) / 4));
+  uint16_t* xp = static_cast<uint16_t*>(xp_buf.bytes(G.xp_bytes(a.n, a.k)));
   const int64_t tiles = ceil_div(a.n, G.tile_tokens);
   pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (G.tile_tokens * a.k)),
                     [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
@@ -347,7 +343,7 @@ void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
   const double flops = 2.0 * double(a.n) * double(a.k) * double(a.m);
   pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
-    void* scratch = buf.get(G.scratch_bytes(a.n, a.k) / 4 + 1);
+    void* scratch = buf.bytes(G.scratch_bytes(a.n, a.k));
     G.gemm(a, xp, b * blk, std::min(a.m, e * blk), scratch);
   });
 }
@@ -393,7 +389,7 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
     return;
   }
   thread_local Scratch xp_buf;
-  float* xp = xp_buf.get(K.gemm_xp_floats(n, k));
+  float* xp = xp_buf.floats(K.gemm_xp_floats(n, k));
   const int64_t tiles = ceil_div(n, K.gemm_tile_tokens);
   pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (K.gemm_tile_tokens * k)),
                     [&](int64_t b, int64_t e) { K.gemm_pack_x(a, xp, b, e); });
@@ -406,7 +402,7 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   const double flops = 2.0 * double(n) * double(k) * double(m);
   pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
-    float* scratch = buf.get(K.gemm_scratch_floats(n, k));
+    float* scratch = buf.floats(K.gemm_scratch_floats(n, k));
     K.gemm(a, xp, b * blk, std::min(m, e * blk), scratch);
   });
 }
@@ -435,7 +431,7 @@ void attention(const AttnArgs& a) {
       const int64_t t0 = (rest / hsplit) * tb, t1 = std::min(a.n, t0 + tb);
       const int64_t h0 = g * group + (rest % hsplit) * hs, h1 = std::min(h0 + hs, (g + 1) * group);
       if (h0 >= h1) continue;
-      float* scratch = buf.get(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
+      float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
     }
   });

@@ -4,6 +4,7 @@
 // the first call; MARKBASE_CPU_ISA=scalar|avx2|avx512 forces one (a path the CPU lacks falls back
 // to the best it has, with a warning).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cpu/cpu_isa.h"
@@ -20,7 +21,6 @@ Isa set_isa(Isa isa);
 Isa best_isa();
 const char* isa_name(Isa isa);
 bool cpu_has_avx512_vnni();
-bool cpu_has_avx512_bf16();
 // Whether AMX tiles (INT8 / BF16) can run: the CPU has them, the OS enables their state and granted
 // this process the permission Linux requires (requested on the first call). MARKBASE_AMX=0 says no.
 bool cpu_amx_int8_ready();
@@ -36,6 +36,23 @@ bool set_amx_bf16_matmul(bool on);
 // that GEMM (2.7-4x faster from 9 to 16 tokens, ~3x at 512); the GEMV stays, so decode keeps the
 // fma chain's bits (AMX measured 1.1-1.6x faster at 2-8 tokens, 1.06x at 1: memory-bound).
 constexpr int64_t kAmxMinTokens = 9;
+
+// 64-byte aligned memory that grows on demand and is kept, for kernels' per-thread scratch (a
+// thread_local one per use). Its members are defined in cpu_kernels.cpp, built for the baseline
+// target, so that per-ISA files share this one copy instead of each emitting its own.
+class Scratch {
+ public:
+  Scratch() = default;
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* bytes(size_t n);  // at least n bytes; the contents are not kept across growth
+  float* floats(size_t n);
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
 
 bool is_kernel_weight_dtype(DType t);  // F32, BF16, F16
 WType wtype(DType t);

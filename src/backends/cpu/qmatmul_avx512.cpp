@@ -2,6 +2,7 @@
 // qmatmul_kernel() calls it only after checking the CPU. Hand-written because no library has
 // kernels for GGUF's block formats.
 #include "backends/cpu/qmatmul.h"
+#include "backends/cpu/cpu_kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -210,54 +211,30 @@ const TileConfig& config(int sub_k) {
   return sub_k == 16 ? c16 : c32;
 }
 
+// One sub-block's product into dot tile C from activation tile A and code tile B (literals).
+#define MB_TILE_DOT(C, A, B, xa, cb, ldx) \
+  do {                                     \
+    _tile_zero(C);                         \
+    _tile_loadd(A, xa, ldx);               \
+    _tile_loadd(B, cb, 64);                \
+    _tile_dpbsud(C, A, B);                 \
+  } while (0)
+
 // Dots of cnt (1..4) sub-blocks: tokens' bytes at xa[j] (rows ldx apart), codes at cb[j], into
 // dots[j] (16 tokens x 16 rows). All products are issued before the first store.
 inline void tile_dots(const int8_t* const (&xa)[4], const uint8_t* const (&cb)[4], int cnt, int64_t ldx,
                       int32_t (*dots)[256]) {
-  _tile_zero(0);
-  _tile_loadd(1, xa[0], ldx);
-  _tile_loadd(2, cb[0], 64);
-  _tile_dpbsud(0, 1, 2);
-  if (cnt > 1) {
-    _tile_zero(5);
-    _tile_loadd(3, xa[1], ldx);
-    _tile_loadd(4, cb[1], 64);
-    _tile_dpbsud(5, 3, 4);
-  }
-  if (cnt > 2) {
-    _tile_zero(6);
-    _tile_loadd(1, xa[2], ldx);
-    _tile_loadd(2, cb[2], 64);
-    _tile_dpbsud(6, 1, 2);
-  }
-  if (cnt > 3) {
-    _tile_zero(7);
-    _tile_loadd(3, xa[3], ldx);
-    _tile_loadd(4, cb[3], 64);
-    _tile_dpbsud(7, 3, 4);
-  }
+  MB_TILE_DOT(0, 1, 2, xa[0], cb[0], ldx);
+  if (cnt > 1) MB_TILE_DOT(5, 3, 4, xa[1], cb[1], ldx);
+  if (cnt > 2) MB_TILE_DOT(6, 1, 2, xa[2], cb[2], ldx);
+  if (cnt > 3) MB_TILE_DOT(7, 3, 4, xa[3], cb[3], ldx);
   _tile_stored(0, dots[0], 64);
   if (cnt > 1) _tile_stored(5, dots[1], 64);
   if (cnt > 2) _tile_stored(6, dots[2], 64);
   if (cnt > 3) _tile_stored(7, dots[3], 64);
 }
+#undef MB_TILE_DOT
 
-// 64-byte aligned scratch kept per thread.
-struct Scratch {
-  uint8_t* p = nullptr;
-  size_t cap = 0;
-  ~Scratch() { std::free(p); }
-  template <typename E> E* get(size_t n) {
-    const size_t bytes = (n * sizeof(E) + 63) / 64 * 64;
-    if (bytes > cap) {
-      std::free(p);
-      p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
-      MB_CHECK(p != nullptr, "qmatmul: out of memory for {} bytes of AMX scratch", bytes);
-      cap = bytes;
-    }
-    return reinterpret_cast<E*>(p);
-  }
-};
 
 // Codes of groups [g0, g1) with every block widened to 8 bits (512 bytes per 32-k block, a group's
 // blocks contiguous) into out; Q8_0's packed codes are that already and are not copied.
@@ -338,7 +315,7 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
   if (full > t0) {
     thread_local Scratch code_buf, scale_buf;
     const int64_t nb = w.k / 32, ns = T == DType::Q6_K ? 2 * nb : nb;
-    float* dx = scale_buf.get<float>(size_t(16 * (nb + ns)));
+    float* dx = scale_buf.floats(size_t(16 * (nb + ns)));
     float* dsum = dx + 16 * nb;
     // Stretches of groups whose widened codes (~256 KB) stay in L2 while every token tile of
     // the stretch reads them; each tile's activations stay in L1 across the stretch's groups.
@@ -348,7 +325,7 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
       const int64_t ge = std::min(g1, gs + stretch);
       uint8_t* wide = nullptr;
       if constexpr (T != DType::Q8_0) {
-        wide = code_buf.get<uint8_t>(size_t(ge - gs) * size_t(nb) * 512);
+        wide = static_cast<uint8_t*>(code_buf.bytes(size_t(ge - gs) * size_t(nb) * 512));
         widen_groups<T>(w, gs, ge, wide);
       }
       for (int64_t tb = t0; tb < full; tb += 16) {
