@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -169,15 +170,21 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
   }
 }
 
-void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  switch (w.type) {
-    case DType::Q8_0: return kernel_t<DType::Q8_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q4_0: return kernel_t<DType::Q4_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q5_0: return kernel_t<DType::Q5_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q4_K: return kernel_t<DType::Q4_K>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q6_K: return kernel_t<DType::Q6_K>(w, x, y, ldy, g0, g1, t0, t1);
-    default: return qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
+// Calls f(std::integral_constant<DType, t>) for the packed types; false for any other.
+template <class F> bool with_packed_type(DType t, F&& f) {
+  switch (t) {
+    case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); return true;
+    case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); return true;
+    case DType::Q5_0: f(std::integral_constant<DType, DType::Q5_0>{}); return true;
+    case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); return true;
+    case DType::Q6_K: f(std::integral_constant<DType, DType::Q6_K>{}); return true;
+    default: return false;
   }
+}
+
+void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  if (!with_packed_type(w.type, [&](auto t) { kernel_t<decltype(t)::value>(w, x, y, ldy, g0, g1, t0, t1); }))
+    qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -343,14 +350,8 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
 }
 
 void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  switch (w.type) {
-    case DType::Q8_0: return kernel_t<DType::Q8_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q4_0: return kernel_t<DType::Q4_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q5_0: return kernel_t<DType::Q5_0>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q4_K: return kernel_t<DType::Q4_K>(w, x, y, ldy, g0, g1, t0, t1);
-    case DType::Q6_K: return kernel_t<DType::Q6_K>(w, x, y, ldy, g0, g1, t0, t1);
-    default: return qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
-  }
+  if (!with_packed_type(w.type, [&](auto t) { kernel_t<decltype(t)::value>(w, x, y, ldy, g0, g1, t0, t1); }))
+    qmatmul_ref(w, x, y, ldy, g0, g1, t0, t1);
 }
 
 }  // namespace amx
