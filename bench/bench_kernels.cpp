@@ -8,7 +8,7 @@
 //                                  Gemm/avx512/BF16 is the f32 GEMM with AMX turned off
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
-//                                  (AVX-512 VNNI); bytes are the packed weight bytes
+//                                  (AVX-512 VNNI or AVX2); bytes are the packed weight bytes
 //   ParallelFor/<n>                cost of one near-empty region of the thread pool
 // Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
 //
@@ -165,7 +165,7 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k)
   [[maybe_unused]] static const bool measured = measure_membw();
   mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel();  // AMX where allowed (MARKBASE_AMX=0: VNNI)
   if (!fn) {
-    state.SkipWithError("no AVX-512 VNNI");
+    state.SkipWithError("no integer kernel (AVX-512 VNNI or AVX2) on this CPU");
     return;
   }
   static std::vector<std::pair<std::string, std::vector<std::shared_ptr<const mb::cpu::QPacked>>>> cache;

@@ -1,5 +1,5 @@
 // The integer matmul of block-quantized weights (backends/cpu/qmatmul.*): packing is lossless, the
-// AVX-512 VNNI kernel equals its scalar twin bit for bit, and both stay within the rounding of
+// AVX-512 VNNI, AMX and AVX2 kernels equal their scalar twin bit for bit, and both stay within the rounding of
 // 8-bit activations of the exact f32 result.
 #include <gtest/gtest.h>
 
@@ -38,6 +38,8 @@ QuantMatrix make_matrix(DType t, int64_t m, int64_t k, std::mt19937& rng) {
     for (auto& v : row) v = scale * nd(rng);
     if (r == 2) row[5] = 40.f;
     mb::quantize_row(t, row.data(), q.bytes.data() + size_t(r) * rb, k);
+    // A Q8_0 code of -128: files may hold it though quantize_row never writes it.
+    if (t == DType::Q8_0 && r == 3) q.bytes[size_t(r) * rb + 2] = 0x80;
     mb::dequantize_row(t, q.bytes.data() + size_t(r) * rb, q.deq.data() + r * k, k);
   }
   return q;
@@ -83,15 +85,15 @@ TEST(QMatmul, ActivationsRoundTo8BitsPerBlock) {
   EXPECT_EQ(a.dx[0], 0.f);  // an all-zero block has scale 0, no NaN
 }
 
-TEST(QMatmul, Avx512ActivationRoundingEqualsScalarTwin) {
-  mb::cpu::QuantizeActsFn fn = mb::cpu::quantize_acts_avx512();
-  if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
+// fn rounds activations exactly like quantize_acts_ref: ties, tiny and denormal blocks included.
+void expect_rounding_equals_scalar_twin(mb::cpu::QuantizeActsFn fn) {
   std::mt19937 rng(6);
   const int64_t n = 7, k = 256;
   auto x = make_x(n, k, rng);
   for (int i = 0; i < 64; ++i) x[size_t(2 * k + i)] = float(i % 5) * 0.5f - 1.f;  // exact .5 ties
   x[size_t(3 * k)] = -1e-30f;                                                  // a tiny block scale
   for (int i = 0; i < 32; ++i) x[size_t(4 * k + i)] = i == 3 ? 1e-41f : 0.f;      // denormal: a zero block
+  for (int i = 0; i < 32; ++i) x[size_t(5 * k + 32 + i)] = i == 7 ? -3.f : 1.f;  // amax from a negative
   mb::cpu::QActs a, b;
   for (auto* q : {&a, &b}) {
     q->n = n;
@@ -100,6 +102,7 @@ TEST(QMatmul, Avx512ActivationRoundingEqualsScalarTwin) {
     q->dx.assign(size_t(n * k / 32), 0.f);
     q->dsum32.assign(size_t(n * k / 32), 0.f);
     q->dsum16.assign(size_t(n * k / 16), 0.f);
+    q->qsum.assign(size_t(n * k / 32), -1);
   }
   mb::cpu::quantize_acts_ref(x.data(), k, 0, n, a);
   fn(x.data(), k, 0, n, b);
@@ -107,8 +110,26 @@ TEST(QMatmul, Avx512ActivationRoundingEqualsScalarTwin) {
   EXPECT_EQ(a.dx, b.dx);
   EXPECT_EQ(a.dsum32, b.dsum32);
   EXPECT_EQ(a.dsum16, b.dsum16);
+  EXPECT_EQ(a.qsum, b.qsum);
   EXPECT_EQ(a.dx[size_t(4 * k / 32)], 0.f);
   for (float v : b.dsum32) EXPECT_TRUE(std::isfinite(v));
+  for (int64_t i = 0; i < n * k / 32; ++i) {
+    int s = 0;
+    for (int j = 0; j < 32; ++j) s += a.q[size_t(32 * i + j)];
+    ASSERT_EQ(a.qsum[size_t(i)], s) << "block " << i;
+  }
+}
+
+TEST(QMatmul, Avx512ActivationRoundingEqualsScalarTwin) {
+  mb::cpu::QuantizeActsFn fn = mb::cpu::quantize_acts_avx512();
+  if (!fn || !mb::cpu::kernels_for(mb::cpu::Isa::Avx512)) GTEST_SKIP() << "no AVX-512 on this CPU/build";
+  expect_rounding_equals_scalar_twin(fn);
+}
+
+TEST(QMatmul, Avx2ActivationRoundingEqualsScalarTwin) {
+  mb::cpu::QuantizeActsFn fn = mb::cpu::quantize_acts_avx2();
+  if (!fn || !mb::cpu::kernels_for(mb::cpu::Isa::Avx2)) GTEST_SKIP() << "no AVX2 on this CPU/build";
+  expect_rounding_equals_scalar_twin(fn);
 }
 
 TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
@@ -167,6 +188,14 @@ TEST(QMatmul, Avx512VnniEqualsScalarTwinBitForBit) {
   mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx512();
   if (!fn || !mb::cpu::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU/build";
   expect_equals_scalar_twin(fn, {1, 2, 3, 4, 5, 9}, 4);
+}
+
+// Tiles of 4 tokens and the 1-3 left, partial row groups (m = 53: the last group's second half
+// holds 5 rows), every type.
+TEST(QMatmul, Avx2EqualsScalarTwinBitForBit) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_avx2();
+  if (!fn || !mb::cpu::kernels_for(mb::cpu::Isa::Avx2)) GTEST_SKIP() << "no AVX2 on this CPU/build";
+  expect_equals_scalar_twin(fn, {1, 2, 3, 4, 5, 7, 9, 16}, 9);
 }
 
 // Whole tiles of 16 tokens run on AMX, the rest on VNNI: sizes on both sides of the tile.

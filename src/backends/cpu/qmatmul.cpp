@@ -237,6 +237,7 @@ void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QAct
       }
       const size_t bi = size_t(t * (k / 32) + b);
       a.dx[bi] = d;
+      a.qsum[bi] = s[0] + s[1];
       a.dsum32[bi] = d * float(s[0] + s[1]);
       a.dsum16[2 * bi] = d * float(s[0]);
       a.dsum16[2 * bi + 1] = d * float(s[1]);
@@ -251,7 +252,10 @@ void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) 
   a.dx.resize(size_t(n * k / 32));
   a.dsum32.resize(size_t(n * k / 32));
   a.dsum16.resize(size_t(n * k / 16));
-  QuantizeActsFn fn = qmatmul_kernel() ? quantize_acts_avx512() : nullptr;
+  a.qsum.resize(size_t(n * k / 32));
+  QuantizeActsFn fn = nullptr;
+  if (kernels().isa == Isa::Avx512) fn = quantize_acts_avx512();
+  if (!fn && kernels().isa >= Isa::Avx2) fn = quantize_acts_avx2();
   if (!fn) fn = quantize_acts_ref;
   if (n * k < (int64_t(1) << 16)) fn(x, ldx, 0, n, a);
   else
@@ -302,9 +306,13 @@ bool set_quant_matmul_exact(bool exact) {
 }
 
 QMatmulFn qmatmul_kernel() {
-  if (quant_matmul_exact() || kernels().isa != Isa::Avx512 || !cpu_has_avx512_vnni()) return nullptr;
-  if (QMatmulFn amx = qmatmul_amx(); amx && cpu_amx_int8_ready()) return amx;
-  return qmatmul_avx512();
+  if (quant_matmul_exact()) return nullptr;
+  const Isa isa = kernels().isa;
+  if (isa == Isa::Avx512 && cpu_has_avx512_vnni()) {
+    if (QMatmulFn amx = qmatmul_amx(); amx && cpu_amx_int8_ready()) return amx;
+    if (QMatmulFn vnni = qmatmul_avx512()) return vnni;
+  }
+  return isa >= Isa::Avx2 ? qmatmul_avx2() : nullptr;
 }
 
 namespace {

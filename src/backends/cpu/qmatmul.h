@@ -1,5 +1,5 @@
 // Integer matmul for block-quantized weights, the CPU's default path for Q8_0, Q4_0, Q5_0, Q4_K and
-// Q6_K on CPUs with AVX-512 VNNI (as llama.cpp does, activations are quantized to 8 bits per
+// Q6_K on CPUs with AVX-512 VNNI or AVX2 (as llama.cpp does, activations are quantized to 8 bits per
 // 32-element block; MARKBASE_QUANT_MATMUL=exact or set_quant_matmul_exact(true) selects the
 // f32-activation path instead, whose numbers equal the dequantized weights').
 //
@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -74,34 +75,42 @@ void qunpack_row(const QPacked& w, int64_t r, float* out);
 
 // Activations quantized per 32-element block: x ≈ dx·q, q in [-127, 127]; dsum32 = dx·Σq over the
 // block and dsum16 over each half (Q6_K's sub-blocks).
+// qsum = Σq per block as an integer (the AVX2 kernel adds back Q8_0's code offset with it).
 struct QActs {
   int64_t n = 0, k = 0;
   std::vector<int8_t> q;  // [n][k]
   std::vector<float> dx, dsum32, dsum16;  // [n][k/32], [n][k/32], [n][k/16]
+  std::vector<int32_t> qsum;              // [n][k/32]
   const int8_t* qrow(int64_t t) const { return q.data() + t * k; }
 };
-// x [n, k] (rows ldx apart; k a multiple of 32) -> a, with the AVX-512 rows function when the
-// integer kernel is in use (same numbers: round to nearest even either way).
+// x [n, k] (rows ldx apart; k a multiple of 32) -> a, with the widest rows function the active
+// kernel table allows (same numbers: round to nearest even either way).
 void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a);
-// Tokens [t0, t1) of x into a (already sized): the scalar twin and the AVX-512 version.
+// Tokens [t0, t1) of x into a (already sized): the scalar twin and the AVX-512 and AVX2 versions
+// (null when not compiled in).
 using QuantizeActsFn = void (*)(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
 void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
 QuantizeActsFn quantize_acts_avx512();
+QuantizeActsFn quantize_acts_avx2();
 
 // y[t * ldy + r] for rows of groups [g0, g1) and tokens [t0, t1); rows past m are not written.
 using QMatmulFn = void (*)(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1,
                            int64_t t0, int64_t t1);
 void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0,
                  int64_t t1);
-// The AVX-512 VNNI kernel; null when this build or CPU lacks it.
+// The AVX-512 VNNI kernel; null when this build lacks it.
 QMatmulFn qmatmul_avx512();
+// The AVX2 kernel (VPMADDUBSW/VPMADDWD), equal to qmatmul_ref bit for bit too; null when this
+// build lacks it.
+QMatmulFn qmatmul_avx2();
 // The AMX kernel: whole tiles of 16 tokens on AMX-INT8, the rest through the VNNI kernel; equal to
 // qmatmul_ref bit for bit like it. Null when this build lacks AMX (cpu_amx_int8_ready() says
 // whether the CPU and OS can run it).
 QMatmulFn qmatmul_amx();
-// The kernel the integer path uses now: AMX when the CPU and OS allow it, else the AVX-512 VNNI
-// one, when the active kernel table is AVX-512 and the CPU has VNNI; else null (the caller then
-// takes the f32-activation path).
+// The kernel the integer path uses now: with the AVX-512 table active and VNNI on the CPU, AMX
+// when the CPU and OS allow it, else the AVX-512 VNNI one; with the AVX2 table (or AVX-512
+// without VNNI) the AVX2 one; with the scalar table null (the caller then takes the
+// f32-activation path).
 QMatmulFn qmatmul_kernel();
 // Process-wide choice between the integer path (default) and the f32-activation path; the
 // default comes from MARKBASE_QUANT_MATMUL=int8|exact. Returns the previous setting.
@@ -114,5 +123,17 @@ void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_
 // groups are one parallel region (Q, K, V; gate and up).
 void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
                   const std::vector<float*>& ys);
+
+// Calls f(std::integral_constant<DType, t>) for the packed types; false for any other.
+template <class F> bool with_packed_type(DType t, F&& f) {
+  switch (t) {
+    case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); return true;
+    case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); return true;
+    case DType::Q5_0: f(std::integral_constant<DType, DType::Q5_0>{}); return true;
+    case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); return true;
+    case DType::Q6_K: f(std::integral_constant<DType, DType::Q6_K>{}); return true;
+    default: return false;
+  }
+}
 
 }  // namespace mb::cpu

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 #include "core/error.h"
 
@@ -167,18 +166,6 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
       case 1: group_tokens<T, 1>(w, x, g, t, y, ldy, rows); break;
       default: break;
     }
-  }
-}
-
-// Calls f(std::integral_constant<DType, t>) for the packed types; false for any other.
-template <class F> bool with_packed_type(DType t, F&& f) {
-  switch (t) {
-    case DType::Q8_0: f(std::integral_constant<DType, DType::Q8_0>{}); return true;
-    case DType::Q4_0: f(std::integral_constant<DType, DType::Q4_0>{}); return true;
-    case DType::Q5_0: f(std::integral_constant<DType, DType::Q5_0>{}); return true;
-    case DType::Q4_K: f(std::integral_constant<DType, DType::Q4_K>{}); return true;
-    case DType::Q6_K: f(std::integral_constant<DType, DType::Q6_K>{}); return true;
-    default: return false;
   }
 }
 
@@ -376,6 +363,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a
       const int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
       const size_t bi = size_t(t * nb + b);
       a.dx[bi] = d;
+      a.qsum[bi] = s0 + s1;
       a.dsum32[bi] = d * float(s0 + s1);
       a.dsum16[2 * bi] = d * float(s0);
       a.dsum16[2 * bi + 1] = d * float(s1);
