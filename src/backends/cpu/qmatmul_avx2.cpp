@@ -111,22 +111,26 @@ template <DType T> inline BlockScales block_scales(const uint8_t* su, int h, int
   }
 }
 
-// Bytes ahead of the codes being read that each block prefetches (first half only: the second
-// half's bytes share those cache lines).
+// Bytes ahead of the codes being read that each block prefetches (in the pass over the first
+// half: the second half's bytes share those cache lines).
 constexpr size_t kPrefetch = 2048;
 
-// y rows [8h, 8h + valid) of group g for tokens [tb, tb + NT); codes from cb: the group's packed
-// codes, or (Wide) its codes widened to 8 bits.
-template <DType T, int NT, bool Wide>
-void half_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int h, int64_t tb, float* y,
-                 int64_t ldy, int valid) {
+// y rows [8·h0, 8·h0 + 8·NH) of group g (rows past `rows` not written) for tokens [tb, tb + NT):
+// NH halves of 8 rows in one pass over the codes (decode: two independent accumulator chains
+// and one read of each cache line) or one half per call (tiles of several tokens, whose
+// accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
+// (Wide) its codes widened to 8 bits.
+template <DType T, int NT, int NH, bool Wide>
+void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int h0, int64_t tb, float* y,
+                 int64_t ldy, int rows) {
   constexpr QLayout Lay = qlayout(T);
   constexpr size_t kBlockCodes = Wide ? 512 : Lay.block_codes;
   constexpr int kW = kQuadsPerWiden<T>, kS = kQuadsPerScale<T>;
   const int64_t nb = w.k / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256 acc[NH][NT];
+  for (int h = 0; h < NH; ++h)
+    for (int t = 0; t < NT; ++t) acc[h][t] = _mm256_setzero_ps();
   const int8_t* xr[NT];
   const float *dx[NT], *ds[NT];
   const int32_t* qs[NT];
@@ -140,52 +144,70 @@ void half_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g,
   for (int64_t bi = 0; bi < nb; ++bi, cb += kBlockCodes) {
     const int blk = int(bi % Lay.blocks_per_unit);
     if (blk == 0 && bi > 0) su += Lay.unit_scales;
-    if (h == 0 && !Wide)
+    if (h0 == 0 && !Wide)
       for (size_t off = 0; off < Lay.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
     const int8_t* xb[NT];
     for (int t = 0; t < NT; ++t) xb[t] = xr[t] + 32 * bi;
+#pragma GCC unroll 2
     for (int s = 0; s < 8 / kS; ++s) {
-      __m256i dot[NT];
-      for (int t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+      __m256i dot[NH][NT];
+      for (int h = 0; h < NH; ++h)
+        for (int t = 0; t < NT; ++t) dot[h][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
       for (int q0 = s * kS; q0 < (s + 1) * kS; q0 += kW) {
-        __m256i part[NT];
-        for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_si256();
-        for (int q = q0; q < q0 + kW; ++q) {
-          const __m256i c = codes<T, Wide>(cb, h, q);
-          if constexpr (T == DType::Q8_0) {
-            const __m256i wq = _mm256_xor_si256(c, _mm256_set1_epi8(int8_t(0x80)));  // the signed weights
-            const __m256i mag = _mm256_abs_epi8(wq);
-            for (int t = 0; t < NT; ++t)
-              part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xb[t] + 4 * q), wq)));
-          } else {
-            for (int t = 0; t < NT; ++t) part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(c, bcast4(xb[t] + 4 * q)));
+        __m256i part[NH][NT];
+        for (int h = 0; h < NH; ++h)
+          for (int t = 0; t < NT; ++t) part[h][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int q = q0; q < q0 + kW; ++q)
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            const __m256i c = codes<T, Wide>(cb, h0 + h, q);
+            if constexpr (T == DType::Q8_0) {
+              const __m256i wq = _mm256_xor_si256(c, _mm256_set1_epi8(int8_t(0x80)));  // the signed weights
+              const __m256i mag = _mm256_abs_epi8(wq);
+              for (int t = 0; t < NT; ++t)
+                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xb[t] + 4 * q), wq)));
+            } else {
+              for (int t = 0; t < NT; ++t)
+                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(c, bcast4(xb[t] + 4 * q)));
+            }
           }
-        }
-        for (int t = 0; t < NT; ++t) dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(part[t], ones));
+        for (int h = 0; h < NH; ++h)
+          for (int t = 0; t < NT; ++t) dot[h][t] = _mm256_add_epi32(dot[h][t], _mm256_madd_epi16(part[h][t], ones));
       }
-      const BlockScales sc = block_scales<T>(su, h, blk, s);
-      for (int t = 0; t < NT; ++t) {
-        __m256i d = dot[t];
-        if constexpr (T == DType::Q8_0) d = _mm256_add_epi32(d, _mm256_set1_epi32(128 * qs[t][bi]));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc.a, _mm256_set1_ps(dx[t][bi])), acc[t]);
-        acc[t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(T == DType::Q6_K ? ds[t][2 * bi + s] : ds[t][bi]), acc[t]);
+      for (int h = 0; h < NH; ++h) {
+        const BlockScales sc = block_scales<T>(su, h0 + h, blk, s);
+        for (int t = 0; t < NT; ++t) {
+          __m256i d = dot[h][t];
+          if constexpr (T == DType::Q8_0) d = _mm256_add_epi32(d, _mm256_set1_epi32(128 * qs[t][bi]));
+          acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc.a, _mm256_set1_ps(dx[t][bi])), acc[h][t]);
+          acc[h][t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(T == DType::Q6_K ? ds[t][2 * bi + s] : ds[t][bi]), acc[h][t]);
+        }
       }
     }
   }
-  float* out = y + tb * ldy + g * kQRows + 8 * h;
-  if (valid == 8) {
-    for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + t * ldy, acc[t]);
-  } else {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(out + t * ldy, mask, acc[t]);
+  for (int h = 0; h < NH; ++h) {
+    const int valid = std::min(8, rows - 8 * (h0 + h));
+    if (valid <= 0) break;
+    float* out = y + tb * ldy + g * kQRows + 8 * (h0 + h);
+    if (valid == 8) {
+      for (int t = 0; t < NT; ++t) _mm256_storeu_ps(out + t * ldy, acc[h][t]);
+    } else {
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      for (int t = 0; t < NT; ++t) _mm256_maskstore_ps(out + t * ldy, mask, acc[h][t]);
+    }
   }
 }
 
 template <DType T, int NT, bool Wide>
 void group_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int64_t tb, float* y, int64_t ldy) {
-  const int64_t rows = std::min<int64_t>(kQRows, w.m - g * kQRows);
-  for (int h = 0; h < 2 && 8 * h < rows; ++h)
-    half_tokens<T, NT, Wide>(w, x, cb, g, h, tb, y, ldy, int(std::min<int64_t>(8, rows - 8 * h)));
+  const int rows = int(std::min<int64_t>(kQRows, w.m - g * kQRows));
+  if constexpr (NT == 1) {
+    rows_tokens<T, 1, 2, Wide>(w, x, cb, g, 0, tb, y, ldy, rows);
+  } else {
+    for (int h = 0; h < 2 && 8 * h < rows; ++h) rows_tokens<T, NT, 1, Wide>(w, x, cb, g, h, tb, y, ldy, rows);
+  }
 }
 
 // Tokens [t0, t1) of groups [g0, g1); codes(g) gives group g's codes in the Wide or packed form.
