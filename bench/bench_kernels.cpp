@@ -241,6 +241,14 @@ bool register_all() {
       benchmark::RegisterBenchmark(("QMatmul/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
                                    [=](benchmark::State& s) { QMatmul(s, dt, n, 8192, 2048); })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
+  // Decode (1 token) on the shapes of one synthetic E2B layer: the small K/V and Q matrices show
+  // what each parallel region's start and end cost against its streaming.
+  for (DType dt : {DType::Q8_0, DType::Q4_0})
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{256, 1536}, {2048, 1536}, {1536, 2048}, {6144, 1536}, {1536, 6144}})
+      benchmark::RegisterBenchmark(("QMatmul/" + std::string(mb::dtype_name(dt)) + "/n:1/" + std::to_string(m) + "x" +
+                                    std::to_string(k)).c_str(),
+                                   [=](benchmark::State& s) { QMatmul(s, dt, 1, m, k); })
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("ParallelFor", ParallelFor)->Arg(2)->Arg(64)->UseRealTime();
   return true;
 }
