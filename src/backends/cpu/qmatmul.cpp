@@ -23,7 +23,10 @@ using namespace blocks;
 // Code layout of one 32-k block of a group (see qmatmul.h): k = 4q + i of row r sits in
 //   8-bit codes:  byte 64q + 4r + i
 //   4-bit codes:  byte 64(q/2) + 4r + i, low nibble for even q, high nibble for odd q
-//   bit 4 / bit 5 of 5- and 6-bit codes: bit 4r + i of the little-endian qword at 256 + 8q / 320 + 8q
+//   bit 4 of 5-bit codes: bit q of byte 256 + 4r + i
+//   bits 4-5 of 6-bit codes: bits 2(q%4), 2(q%4)+1 of byte 256 + 64(q/4) + 4r + i
+// The high bits of a code sit in the same byte lane as its nibble, so the SIMD kernels move them
+// into place with one shift and one mask per quad (no bit-to-byte expansion).
 QLayout layout_of(DType t) {
   const QLayout L = qlayout(t);
   MB_CHECK(L.bits != 0, "qmatmul: {} cannot be packed", dtype_name(t));
@@ -34,8 +37,8 @@ unsigned get_code(const uint8_t* blk, int bits, int r, int kk) {
   const int q = kk / 4, i = kk % 4, lane = 4 * r + i;
   if (bits == 8) return blk[64 * q + lane];
   unsigned c = (blk[64 * (q / 2) + lane] >> (4 * (q & 1))) & 15u;
-  if (bits >= 5) c |= ((blk[256 + 8 * q + lane / 8] >> (lane % 8)) & 1u) << 4;
-  if (bits >= 6) c |= ((blk[320 + 8 * q + lane / 8] >> (lane % 8)) & 1u) << 5;
+  if (bits == 5) c |= ((blk[256 + lane] >> q) & 1u) << 4;
+  if (bits == 6) c |= ((blk[256 + 64 * (q / 4) + lane] >> (2 * (q % 4))) & 3u) << 4;
   return c;
 }
 
@@ -51,10 +54,12 @@ void put_block(uint8_t* blk, int bits, int r, const uint8_t (&c)[32]) {
   }
   for (int p = 0; p < 4; ++p)
     for (int i = 0; i < 4; ++i) blk[64 * p + 4 * r + i] = uint8_t((c[8 * p + i] & 15u) | ((c[8 * p + 4 + i] & 15u) << 4));
-  for (int plane = 0; plane < bits - 4; ++plane)
-    for (int q = 0; q < 8; ++q)
-      for (int i = 0; i < 4; ++i)
-        if (c[4 * q + i] & (16u << plane)) blk[256 + 64 * plane + 8 * q + (4 * r + i) / 8] |= uint8_t(1u << ((4 * r + i) % 8));
+  for (int q = 0; q < 8; ++q)
+    for (int i = 0; i < 4; ++i) {
+      const unsigned hi = c[4 * q + i] >> 4;
+      if (bits == 5) blk[256 + 4 * r + i] |= uint8_t((hi & 1u) << q);
+      if (bits == 6) blk[256 + 64 * (q / 4) + 4 * r + i] |= uint8_t((hi & 3u) << (2 * (q % 4)));
+    }
 }
 
 // Packs row r (0..15) of group g from its source row (the group's bytes start zeroed:

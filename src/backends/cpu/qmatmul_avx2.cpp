@@ -31,18 +31,10 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Byte j = 0xFF where bit j of `bits` is set, else 0.
-inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
-  const __m256i select = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)), spread);
-  return _mm256_cmpeq_epi8(_mm256_and_si256(v, select), select);
+// v shifted by S bits (left for S > 0) in 16-bit lanes: the bits of interest of each byte land
+// on bits 4-5 and those crossing into the neighbouring byte fall outside them (the caller masks).
+inline __m256i shift16(__m256i v, int s) {
+  return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
 }
 
 // Codes of quad q (k = 4q..4q+3) of the 8 rows of half h of one 32-k block; Wide: the block was
@@ -54,10 +46,14 @@ template <DType T, bool Wide> inline __m256i codes(const uint8_t* cb, int h, int
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 64 * (q / 2) + 32 * h));
     const __m256i lo = _mm256_set1_epi8(0x0F);
     __m256i c = _mm256_and_si256(q & 1 ? _mm256_srli_epi16(v, 4) : v, lo);
-    if constexpr (T == DType::Q5_0 || T == DType::Q6_K)
-      c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(load_u32(cb + 256 + 8 * q + 4 * h)), _mm256_set1_epi8(16)));
-    if constexpr (T == DType::Q6_K)
-      c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(load_u32(cb + 320 + 8 * q + 4 * h)), _mm256_set1_epi8(32)));
+    if constexpr (T == DType::Q5_0) {
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 256 + 32 * h));
+      c = _mm256_or_si256(c, _mm256_and_si256(shift16(hb, 4 - q), _mm256_set1_epi8(0x10)));
+    }
+    if constexpr (T == DType::Q6_K) {
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 256 + 64 * (q / 4) + 32 * h));
+      c = _mm256_or_si256(c, _mm256_and_si256(shift16(hb, 4 - 2 * (q % 4)), _mm256_set1_epi8(0x30)));
+    }
     return c;
   }
 }

@@ -22,10 +22,12 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-inline __mmask64 load_mask(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return _cvtu64_mask64(v);
+// v shifted so that bits s..s+1 of each byte land on bits 4-5 (S = 4 - s, a constant), the bits
+// that cross into a neighbouring byte falling outside 4-5; the caller masks.
+template <int S> inline __m512i shift_to_bit4(__m512i v) {
+  if constexpr (S > 0) return _mm512_slli_epi16(v, S);
+  else if constexpr (S < 0) return _mm512_srli_epi16(v, -S);
+  else return v;
 }
 
 // The 8 vectors of codes of one 32-k block (vector q: k = 4q..4q+3 of the 16 rows).
@@ -39,13 +41,26 @@ template <DType T> inline void unpack(const uint8_t* cb, __m512i (&c)[8]) {
       c[2 * p] = _mm512_and_si512(v, lo);
       c[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
     }
-    if constexpr (T == DType::Q5_0 || T == DType::Q6_K) {
-      const __m512i b4 = _mm512_set1_epi8(16);
-      for (int q = 0; q < 8; ++q) c[q] = _mm512_mask_add_epi8(c[q], load_mask(cb + 256 + 8 * q), c[q], b4);
+    if constexpr (T == DType::Q5_0) {
+      const __m512i h = _mm512_loadu_si512(cb + 256), b4 = _mm512_set1_epi8(0x10);
+      c[0] = _mm512_or_si512(c[0], _mm512_and_si512(shift_to_bit4<4>(h), b4));
+      c[1] = _mm512_or_si512(c[1], _mm512_and_si512(shift_to_bit4<3>(h), b4));
+      c[2] = _mm512_or_si512(c[2], _mm512_and_si512(shift_to_bit4<2>(h), b4));
+      c[3] = _mm512_or_si512(c[3], _mm512_and_si512(shift_to_bit4<1>(h), b4));
+      c[4] = _mm512_or_si512(c[4], _mm512_and_si512(shift_to_bit4<0>(h), b4));
+      c[5] = _mm512_or_si512(c[5], _mm512_and_si512(shift_to_bit4<-1>(h), b4));
+      c[6] = _mm512_or_si512(c[6], _mm512_and_si512(shift_to_bit4<-2>(h), b4));
+      c[7] = _mm512_or_si512(c[7], _mm512_and_si512(shift_to_bit4<-3>(h), b4));
     }
     if constexpr (T == DType::Q6_K) {
-      const __m512i b5 = _mm512_set1_epi8(32);
-      for (int q = 0; q < 8; ++q) c[q] = _mm512_mask_add_epi8(c[q], load_mask(cb + 320 + 8 * q), c[q], b5);
+      const __m512i b45 = _mm512_set1_epi8(0x30);
+      for (int j = 0; j < 2; ++j) {
+        const __m512i h = _mm512_loadu_si512(cb + 256 + 64 * j);
+        c[4 * j] = _mm512_or_si512(c[4 * j], _mm512_and_si512(shift_to_bit4<4>(h), b45));
+        c[4 * j + 1] = _mm512_or_si512(c[4 * j + 1], _mm512_and_si512(shift_to_bit4<2>(h), b45));
+        c[4 * j + 2] = _mm512_or_si512(c[4 * j + 2], _mm512_and_si512(h, b45));
+        c[4 * j + 3] = _mm512_or_si512(c[4 * j + 3], _mm512_and_si512(shift_to_bit4<-2>(h), b45));
+      }
     }
   }
 }
