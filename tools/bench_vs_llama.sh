@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side pp/tg of MarkBase and llama.cpp on the same GGUF, alternating the two engines so
-# both see the same machine weather, then the median of each:
+# both see the same machine weather, then the median of each. Both measure as llama-bench does:
+# pp = one prompt of PP tokens, tg = TG tokens generated from an empty context (MarkBase runs its
+# bench twice, --pp PP --tg 0 and --pp 0 --tg TG).
 #   tools/bench_vs_llama.sh FILE.gguf [ROUNDS=3] [PP=512] [TG=128]
 # LLAMA_BENCH (default /work/peer/build/bin/llama-bench, see tools/peer/build_llama_cpp.sh) and
 # MARKBASE (default build/bin/markbase) pick the binaries; THREADS defaults to all cores.
@@ -27,10 +29,12 @@ for r in $(seq 1 "$rounds"); do
 for t in json.load(sys.stdin):
     kind = "pp" if t["n_prompt"] > 0 else "tg"
     print(kind, t["avg_ts"])' >"$tmp/l$r"
-  "$mb" bench -m "$model" --pp "$pp" --tg "$tg" --reps 1 --threads "$threads" --json 2>/dev/null |
+  { "$mb" bench -m "$model" --pp "$pp" --tg 0 --reps 1 --threads "$threads" --json 2>/dev/null
+    "$mb" bench -m "$model" --pp 0 --tg "$tg" --reps 1 --threads "$threads" --json 2>/dev/null; } |
     python3 -c 'import json,sys
-j = json.loads(sys.stdin.readline())
-print("pp", j["pp_tokens_per_s"]); print("tg", j["tg_tokens_per_s"])' >"$tmp/m$r"
+for line in sys.stdin:
+    j = json.loads(line)
+    print("pp" if j["pp"] > 0 else "tg", j["pp_tokens_per_s"] if j["pp"] > 0 else j["tg_tokens_per_s"])' >"$tmp/m$r"
   echo "  llama.cpp: $(tr '\n' ' ' <"$tmp/l$r")"
   echo "  markbase:  $(tr '\n' ' ' <"$tmp/m$r")"
 done
