@@ -5,8 +5,9 @@
 //
 // Weights are repacked once at load, 16 rows to a group, so that one 64-byte vector holds 4
 // consecutive k of each of the 16 rows and one VPDPBUSD multiplies it by 4 broadcast activation
-// bytes: lanes are rows, and each lane's sum runs over k in order exactly like the scalar twin
-// (qmatmul_ref), so the SIMD result equals it bit for bit whatever the batch or thread count.
+// bytes (on AVX2, each 32-byte half, 8 rows, takes VPMADDUBSW + VPMADDWD): lanes are rows, and
+// each lane's sum runs over k in order exactly like the scalar twin (qmatmul_ref), so the SIMD
+// result equals it bit for bit whatever the batch or thread count.
 //
 // Every weight w of a 32-element block (16 for Q6_K) is stored as an unsigned code c with
 // w = a·c + b; with x ≈ dx·q per activation block,
