@@ -223,8 +223,10 @@ void tokens_of_groups(const QPacked& w, const QActs& x, float* y, int64_t ldy, i
     }
 }
 
-// From this many tokens, codes other than Q8_0's are widened once per stretch of groups.
-constexpr int64_t kWideMinTokens = 8;
+// From this many tokens, codes other than Q8_0's are widened once per stretch of groups. The
+// widening pass streams the weights before any product starts, so it pays only once it saves
+// the unpacking of several tiles: batch-8 decode ran 12% faster unpacking on the fly (2 tiles).
+constexpr int64_t kWideMinTokens = 16;
 
 template <DType T>
 void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
