@@ -1,6 +1,10 @@
 // Token selection from logits. Greedy when temperature <= 0; otherwise the usual filter chain
 // (top-k -> top-p -> min-p, in llama.cpp/vLLM order) then a draw from a seeded RNG whose stream is
 // defined here (not by the standard library's distributions), so a seed reproduces across builds.
+// Nothing sorts the whole vocabulary (262k entries for Gemma): top-k selects its k, top-p sorts
+// only a prefix large enough to hold the nucleus, and the survivors are walked in an order fixed
+// by the logits alone (descending after top-k/top-p, else vocabulary order), never by how the
+// standard library's selection algorithms happen to permute them.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -28,7 +32,12 @@ class Sampler {
 
   SamplerParams p_;
   uint64_t state_;
-  std::vector<std::pair<float, int32_t>> cand_;
+  struct Candidate {
+    float z;     // logit / temperature
+    int32_t id;
+    double p;    // exp(z - max z), unnormalised
+  };
+  std::vector<Candidate> cand_;
 };
 
 int32_t argmax(std::span<const float> logits);
