@@ -216,6 +216,13 @@ TEST(QMatmul, BackendSwitchesBetweenIntegerAndExactPaths) {
   src.dtype = DType::Q4_0;
   src.shape = {m, k};
   src.data = q.bytes.data();
+  if (!mb::cpu::qmatmul_kernel()) GTEST_SKIP() << "no integer kernel on this CPU";
+  {
+    // Loaded while the f32-activation path is chosen: no packed copy (it would only cost memory).
+    const bool prev = mb::cpu::set_quant_matmul_exact(true);
+    EXPECT_EQ(be->prepare_weight(src, DType::Q4_0, mb::Backend::WeightUse::MatmulAndLookup).packed, nullptr);
+    mb::cpu::set_quant_matmul_exact(prev);
+  }
   mb::Tensor w = be->prepare_weight(src, DType::Q4_0, mb::Backend::WeightUse::MatmulAndLookup);
   ASSERT_TRUE(w.packed != nullptr);
   EXPECT_EQ(be->prepare_weight(src, DType::Q4_0, mb::Backend::WeightUse::Lookup).packed, nullptr);

@@ -77,9 +77,11 @@ class CpuBackend final : public Backend {
   Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
     Tensor t = converted(src, dtype);
     if (use != WeightUse::Matmul && t.data == src.data) advise_random_access(src.data, src.nbytes());
-    // Block-quantized matmul weights get the integer kernels' layout. The plain rows stay for
-    // lookups and the f32-activation path; pages of the file read only to pack are given back.
-    if (use != WeightUse::Lookup && src.rank() >= 2 && cpu::qpack_supports(t.dtype, t.cols())) {
+    // Block-quantized matmul weights get the integer kernels' layout when an integer kernel runs
+    // here (not on the scalar table, not with MARKBASE_QUANT_MATMUL=exact: a copy nobody reads
+    // would double the resident weights). The plain rows stay for lookups and the f32-activation
+    // path; pages of the file read only to pack are given back.
+    if (use != WeightUse::Lookup && src.rank() >= 2 && cpu::qpack_supports(t.dtype, t.cols()) && cpu::qmatmul_kernel()) {
       t.packed = cpu::qpack(t.dtype, t.data, t.rows(), t.cols(), t.data == src.data ? release_mapped_pages : nullptr);
     }
     return t;
