@@ -224,6 +224,19 @@ void run_bench(const BenchArgs& a) {
   std::fprintf(stderr, "bench: ready in %.1f s: weights %.3f GB, peak RSS %.3f GB\n", since(t_load),
                double(weight_bytes) / 1e9, double(peak_rss_bytes()) / 1e9);
 
+  {
+    // One untimed decode step first, as llama-bench warms up: weights read in place from the
+    // mapped file (unpacked dtypes, the f32-activation path) are faulted in here, not in the
+    // first timed prefill.
+    KVCache kv(c, *be, {1, 2, 1});
+    Batch batch;
+    batch.tokens = {int32_t(std::min<int64_t>(3, c.vocab_size - 1))};
+    batch.positions = {0};
+    batch.seqs.push_back({0, 0, 1});
+    batch.logit_rows.push_back(0);
+    std::vector<float> logits;
+    model->forward(batch, kv, logits);
+  }
   if (!a.json)
     std::printf("| model | dtype | isa | threads | batch | pp t/s | tg t/s | weight GB/token | weights GB | KV GB | peak RSS GB |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|\n");
