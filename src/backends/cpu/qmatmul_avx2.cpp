@@ -6,8 +6,8 @@
 // group's 16 rows; its first 32 bytes are rows 0-7, the last 32 rows 8-15, so this kernel runs
 // each group as two halves of 8 rows (lanes are rows, as in the VNNI kernel). VPDPBUSD becomes
 // VPMADDUBSW (u8 x s8 -> i16 pairs) + VPMADDWD (-> i32), as llama.cpp does on AVX2. The i16 sums
-// of several quads are added before widening where they cannot overflow (|q| <= 127):
-//   4-bit codes 2·15·127 = 3810 per quad, 8 quads fit;  5-bit 7874, 4 fit;  6-bit 16002, 2 fit.
+// of several quads are added before widening, never more than fit (|q| <= 127):
+//   4-bit codes 2·15·127 = 3810 per quad, 8 would fit (4 are used);  5-bit 7874, 4;  6-bit 16002, 2.
 // 8-bit codes (Q8_0, c = w + 128) would overflow: their dots run on the signed weights
 // (|w|·sign(q, w), at most 2·128·127 per pair) and get 128·Σq back per block, so the integer dot
 // Σ c·q is the scalar twin's exactly. Everything after the integer dot is the twin's float
@@ -31,7 +31,7 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// v shifted by S bits (left for S > 0) in 16-bit lanes: the bits of interest of each byte land
+// v shifted by s bits (left for s > 0) in 16-bit lanes: the bits of interest of each byte land
 // on bits 4-5 and those crossing into the neighbouring byte fall outside them (the caller masks).
 inline __m256i shift16(__m256i v, int s) {
   return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
@@ -60,7 +60,7 @@ template <DType T, bool Wide> inline __m256i codes(const uint8_t* cb, int h, int
 
 // Codes of groups [g0, g1) widened to 8 bits (512 bytes per 32-k block, a group's blocks
 // contiguous) into out: prefill reads each group once per tile of 4 tokens, so unpacking once
-// per call (not once per tile) takes the nibble and bit-plane work out of the inner loop.
+// per stretch (not once per tile) takes the nibble and high-bit work out of the inner loop.
 template <DType T> void widen_groups(const QPacked& w, int64_t g0, int64_t g1, uint8_t* out) {
   constexpr QLayout Lay = qlayout(T);
   const int64_t nb = w.k / 32;
