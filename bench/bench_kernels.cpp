@@ -9,6 +9,8 @@
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
 //                                  (AVX-512 VNNI or AVX2); bytes are the packed weight bytes
+//   QMatmulInCache/<dtype>/n:<t>   the same kernel on one cache-resident 512 x 2048 matrix, one
+//                                  thread: its arithmetic rate (GMACS) without memory in the way
 //   ParallelFor/<n>                cost of one near-empty region of the thread pool
 // Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
 //
@@ -161,6 +163,31 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
   state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// The kernel's arithmetic rate with its weights in cache: one thread, one 512 x 2048 matrix read
+// over and over (no rotation), the kernel called directly on all groups. GMAC/s counts n·m·k.
+void QMatmulInCache(benchmark::State& state, DType dt, int64_t n) {
+  mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel();
+  if (!fn) {
+    state.SkipWithError("no integer kernel (AVX-512 VNNI or AVX2) on this CPU");
+    return;
+  }
+  const int64_t m = 512, k = 2048;
+  mb::Tensor f = random_tensor(DType::F32, {m, k}, 23);
+  const size_t rb = mb::dtype_row_bytes(dt, k);
+  std::vector<uint8_t> q(rb * size_t(m));
+  for (int64_t r = 0; r < m; ++r) mb::quantize_row(dt, f.f32() + r * k, q.data() + size_t(r) * rb, k);
+  auto w = mb::cpu::qpack(dt, q.data(), m, k);
+  mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
+  mb::cpu::QActs acts;
+  mb::cpu::quantize_acts(x.f32(), k, n, k, acts);
+  for (auto _ : state) {
+    fn(*w, acts, y.f32(), m, 0, w->groups, 0, n);
+    benchmark::DoNotOptimize(y.f32());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(w->bytes()));
+  state.counters["GMACS"] = benchmark::Counter(double(n * m * k) * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
 void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k) {
   [[maybe_unused]] static const bool measured = measure_membw();
   mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel();  // AMX where allowed (MARKBASE_AMX=0: VNNI)
@@ -241,6 +268,11 @@ bool register_all() {
       benchmark::RegisterBenchmark(("QMatmul/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
                                    [=](benchmark::State& s) { QMatmul(s, dt, n, 8192, 2048); })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K})
+    for (int64_t n : {1, 64})
+      benchmark::RegisterBenchmark(("QMatmulInCache/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
+                                   [=](benchmark::State& s) { QMatmulInCache(s, dt, n); })
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
   // Decode (1 token) on the shapes of one synthetic E2B layer: the small K/V and Q matrices show
   // what each parallel region's start and end cost against its streaming.
   for (DType dt : {DType::Q8_0, DType::Q4_0})
