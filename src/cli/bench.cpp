@@ -224,18 +224,24 @@ void run_bench(const BenchArgs& a) {
   std::fprintf(stderr, "bench: ready in %.1f s: weights %.3f GB, peak RSS %.3f GB\n", since(t_load),
                double(weight_bytes) / 1e9, double(peak_rss_bytes()) / 1e9);
 
+  // One decode step of B sequences (slot s = sequence s) at position pos, tokens varying by step.
+  auto decode_batch = [&](int32_t B, int32_t pos, int step) {
+    Batch batch;
+    for (int s = 0; s < B; ++s) {
+      batch.tokens.push_back(int32_t(3 + (step * 7919 + s * 104729) % (c.vocab_size - 3)));
+      batch.positions.push_back(pos);
+      batch.seqs.push_back({s, s, 1});
+      batch.logit_rows.push_back(s);
+    }
+    return batch;
+  };
   {
     // One untimed decode step first, as llama-bench warms up: weights read in place from the
     // mapped file (unpacked dtypes, the f32-activation path) are faulted in here, not in the
     // first timed prefill.
     KVCache kv(c, *be, {1, 2, 1});
-    Batch batch;
-    batch.tokens = {int32_t(std::min<int64_t>(3, c.vocab_size - 1))};
-    batch.positions = {0};
-    batch.seqs.push_back({0, 0, 1});
-    batch.logit_rows.push_back(0);
     std::vector<float> logits;
-    model->forward(batch, kv, logits);
+    model->forward(decode_batch(1, 0, 0), kv, logits);
   }
   if (!a.json)
     std::printf("| model | dtype | isa | threads | batch | pp t/s | tg t/s | weight GB/token | weights GB | KV GB | peak RSS GB |\n"
@@ -264,14 +270,7 @@ void run_bench(const BenchArgs& a) {
       if (a.pp > 0) pp_rates.push_back(double(a.pp) * B / since(t0));
       t0 = Clock::now();
       for (int step = 0; step < a.tg; ++step) {
-        Batch batch;
-        for (int s = 0; s < B; ++s) {
-          batch.tokens.push_back(int32_t(3 + (step * 7919 + s * 104729) % (c.vocab_size - 3)));
-          batch.positions.push_back(a.pp + step);
-          batch.seqs.push_back({s, s, 1});
-          batch.logit_rows.push_back(s);
-        }
-        model->forward(batch, kv, logits);
+        model->forward(decode_batch(B, a.pp + step, step), kv, logits);
         if (step % 8 == 0 && isatty(2))
           std::fprintf(stderr, "\rbench: batch %d rep %d/%d decode %d/%d      ", B, rep + 1, a.reps, step + 1, a.tg);
       }
