@@ -148,7 +148,7 @@ struct BlockScale {
 
 BlockScale block_scale(const QPacked& w, const uint8_t* su, int r, int blk, int half) {
   switch (w.type) {
-    case DType::Q8_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -128.f}; }
+    case DType::Q8_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -128.f}; }  // qmatmul_ref: b unused
     case DType::Q4_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -8.f}; }
     case DType::Q5_0: { const float a = f16_to_f32(f16s(su)[r]); return {a, a * -16.f}; }
     case DType::Q4_K: {
@@ -286,6 +286,11 @@ void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_
               int32_t dot = 0;
               for (int e = h * len; e < (h + 1) * len; ++e) dot += int32_t(get_code(cb, bits, r, e)) * xq[kb + e];
               const BlockScale s = block_scale(w, w.scales(g, u), r, blk, h);
+              if (w.type == DType::Q8_0) {
+                // The signed weights' dot (c = w + 128), exact in int32: one product per block.
+                acc = std::fma(float(dot - 128 * x.qsum[size_t(bi)]), s.a * x.dx[size_t(bi)], acc);
+                continue;
+              }
               acc = std::fma(float(dot), s.a * x.dx[size_t(bi)], acc);
               acc = std::fma(s.b, halves == 2 ? x.dsum16[size_t(2 * bi + h)] : x.dsum32[size_t(bi)], acc);
             }

@@ -12,8 +12,10 @@
 // Every weight w of a 32-element block (16 for Q6_K) is stored as an unsigned code c with
 // w = a·c + b; with x ≈ dx·q per activation block,
 //   y = Σ_blocks fma(float(Σ c·q), a·dx, ·) then fma(b, dx·Σq, ·)
-// (a, b per row and block: Q8_0 a = d, b = -128d; Q4_0 -8d; Q5_0 -16d; Q4_K a = d·sc, b = -dmin·m;
-// Q6_K a = d·sc, b = -32a).
+// (a, b per row and block: Q4_0 a = d, b = -8d; Q5_0 -16d; Q4_K a = d·sc, b = -dmin·m;
+// Q6_K a = d·sc, b = -32a). Q8_0 (c = w + 128) takes the signed dot instead, exact in int32:
+//   y = Σ_blocks fma(float(Σ c·q - 128·Σq), d·dx, ·)
+// one product per block (its b term would be the largest, and cancel the most).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -76,7 +78,7 @@ void qunpack_row(const QPacked& w, int64_t r, float* out);
 
 // Activations quantized per 32-element block: x ≈ dx·q, q in [-127, 127]; dsum32 = dx·Σq over the
 // block and dsum16 over each half (Q6_K's sub-blocks).
-// qsum = Σq per block as an integer (the AVX2 kernel adds back Q8_0's code offset with it).
+// qsum = Σq per block as an integer (Q8_0's code offset comes off the dot with it).
 struct QActs {
   int64_t n = 0, k = 0;
   std::vector<int8_t> q;  // [n][k]

@@ -9,9 +9,9 @@
 // of several quads are added before widening, never more than fit (|q| <= 127):
 //   4-bit codes 2·15·127 = 3810 per quad, 8 would fit (4 are used);  5-bit 7874, 4;  6-bit 16002, 2.
 // 8-bit codes (Q8_0, c = w + 128) would overflow: their dots run on the signed weights
-// (|w|·sign(q, w), at most 2·128·127 per pair) and get 128·Σq back per block, so the integer dot
-// Σ c·q is the scalar twin's exactly. Everything after the integer dot is the twin's float
-// operations in its order, so results equal qmatmul_ref bit for bit.
+// (|w|·sign(q, w), at most 2·128·127 per pair), which is the signed dot the scalar twin scales.
+// Everything after the integer dot is the twin's float operations in its order, so results
+// equal qmatmul_ref bit for bit.
 #include "backends/cpu/qmatmul.h"
 #include "backends/cpu/cpu_kernels.h"
 
@@ -101,12 +101,19 @@ template <DType T> inline BlockScales block_scales(const uint8_t* su, int h, int
     const __m256 a = _mm256_mul_ps(f16x8(su + 2 * r0), u8x8(su + 64 + 16 * blk + r0));
     const __m256 m = _mm256_mul_ps(f16x8(su + 32 + 2 * r0), u8x8(su + 192 + 16 * blk + r0));
     return {a, _mm256_xor_ps(m, _mm256_set1_ps(-0.f))};
+  } else if constexpr (T == DType::Q8_0) {
+    return {f16x8(su + 2 * r0), _mm256_setzero_ps()};  // b unused: the dot is signed
   } else {
     const __m256 a = f16x8(su + 2 * r0);
-    constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
-    return {a, _mm256_mul_ps(a, _mm256_set1_ps(off))};
+    return {a, _mm256_mul_ps(a, _mm256_set1_ps(T == DType::Q5_0 ? -16.f : -8.f))};
   }
 }
+
+// An empty asm the value passes through: GCC otherwise reassociates Q8_0's integer sums of a
+// block into a tree over every quad's products, holding them all at once and spilling them to
+// the stack (a third of the loop's instructions were spill stores and reloads). The 4-bit types'
+// sums measured no faster with it.
+inline void keep_in_register(__m256i& v) { asm("" : "+x"(v)); }
 
 // Bytes ahead of the codes being read that each block prefetches (in the pass over the first
 // half: the second half's bytes share those cache lines).
@@ -118,7 +125,7 @@ constexpr size_t kPrefetch = 2048;
 // accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
 // (Wide) its codes widened to 8 bits.
 template <DType T, int NT, int NH, bool Wide>
-void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int h0, int64_t tb, float* y,
+__attribute__((noinline)) void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int h0, int64_t tb, float* y,
                  int64_t ldy, int rows) {
   constexpr QLayout Lay = qlayout(T);
   constexpr size_t kBlockCodes = Wide ? 512 : Lay.block_codes;
@@ -128,23 +135,19 @@ void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g,
   __m256 acc[NH][NT];
   for (int h = 0; h < NH; ++h)
     for (int t = 0; t < NT; ++t) acc[h][t] = _mm256_setzero_ps();
-  const int8_t* xr[NT];
-  const float *dx[NT], *ds[NT];
-  const int32_t* qs[NT];
-  for (int t = 0; t < NT; ++t) {
-    xr[t] = x.qrow(tb + t);
-    dx[t] = x.dx.data() + (tb + t) * nb;
-    ds[t] = T == DType::Q6_K ? x.dsum16.data() + 2 * (tb + t) * nb : x.dsum32.data() + (tb + t) * nb;
-    qs[t] = x.qsum.data() + (tb + t) * nb;
-  }
+  // Token t's activations and per-block sums sit a fixed stride after token 0's: one base
+  // pointer per array keeps every address in registers (arrays of NT pointers spilled them).
+  const int8_t* xq = x.qrow(tb);
+  const float* dx = x.dx.data() + tb * nb;
+  const float* ds = T == DType::Q6_K ? x.dsum16.data() + 2 * tb * nb : x.dsum32.data() + tb * nb;
+  const int64_t ds_stride = T == DType::Q6_K ? 2 * nb : nb;
   const uint8_t* su = w.scales(g, 0);
   for (int64_t bi = 0; bi < nb; ++bi, cb += kBlockCodes) {
     const int blk = int(bi % Lay.blocks_per_unit);
     if (blk == 0 && bi > 0) su += Lay.unit_scales;
     if (h0 == 0 && !Wide)
       for (size_t off = 0; off < Lay.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
-    const int8_t* xb[NT];
-    for (int t = 0; t < NT; ++t) xb[t] = xr[t] + 32 * bi;
+    const int8_t* xb = xq + 32 * bi;
 #pragma GCC unroll 2
     for (int s = 0; s < 8 / kS; ++s) {
       __m256i dot[NH][NT];
@@ -164,22 +167,24 @@ void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g,
               const __m256i wq = _mm256_xor_si256(c, _mm256_set1_epi8(int8_t(0x80)));  // the signed weights
               const __m256i mag = _mm256_abs_epi8(wq);
               for (int t = 0; t < NT; ++t)
-                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xb[t] + 4 * q), wq)));
+                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xb + t * w.k + 4 * q), wq)));
             } else {
               for (int t = 0; t < NT; ++t)
-                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(c, bcast4(xb[t] + 4 * q)));
+                part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(c, bcast4(xb + t * w.k + 4 * q)));
             }
           }
         for (int h = 0; h < NH; ++h)
-          for (int t = 0; t < NT; ++t) dot[h][t] = _mm256_add_epi32(dot[h][t], _mm256_madd_epi16(part[h][t], ones));
+          for (int t = 0; t < NT; ++t) {
+            dot[h][t] = _mm256_add_epi32(dot[h][t], _mm256_madd_epi16(part[h][t], ones));
+            if constexpr (T == DType::Q8_0) keep_in_register(dot[h][t]);
+          }
       }
       for (int h = 0; h < NH; ++h) {
         const BlockScales sc = block_scales<T>(su, h0 + h, blk, s);
         for (int t = 0; t < NT; ++t) {
-          __m256i d = dot[h][t];
-          if constexpr (T == DType::Q8_0) d = _mm256_add_epi32(d, _mm256_set1_epi32(128 * qs[t][bi]));
-          acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc.a, _mm256_set1_ps(dx[t][bi])), acc[h][t]);
-          acc[h][t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(T == DType::Q6_K ? ds[t][2 * bi + s] : ds[t][bi]), acc[h][t]);
+          acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][t]), _mm256_mul_ps(sc.a, _mm256_set1_ps(dx[t * nb + bi])), acc[h][t]);
+          if constexpr (T != DType::Q8_0)  // Q8_0's dot is signed already
+            acc[h][t] = _mm256_fmadd_ps(sc.b, _mm256_set1_ps(ds[t * ds_stride + (T == DType::Q6_K ? 2 * bi + s : bi)]), acc[h][t]);
         }
       }
     }

@@ -83,10 +83,22 @@ inline __m512 i8x16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// acc = fma(float(dot), a·dx, acc); acc = fma(b, dsum, acc): the scalar twin's order.
-inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, float dsum) {
+// acc = fma(float(dot), a·dx, acc); acc = fma(b, dsum, acc): the scalar twin's order. Q8_0 takes
+// the signed dot, Σ c·q - 128·Σq (dsum is then 128·Σq as a float: both are integers below 2^24,
+// so the float subtraction is exact), and no b term.
+template <DType T> inline __m512 accumulate(__m512 acc, __m512i dot, __m512 a, __m512 b, float dx, float dsum) {
+  if constexpr (T == DType::Q8_0)
+    return _mm512_fmadd_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(dsum)),
+                           _mm512_mul_ps(a, _mm512_set1_ps(dx)), acc);
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(dx)), acc);
   return _mm512_fmadd_ps(b, _mm512_set1_ps(dsum), acc);
+}
+// The dsum accumulate<T> wants for block bi of token t (rows of per-block sums from ds).
+template <DType T> inline float block_dsum(const QActs& x, int64_t t, int64_t si) {
+  const int64_t nb = x.k / 32;
+  if constexpr (T == DType::Q8_0) return float(128 * x.qsum[size_t(t * nb + si)]);
+  if constexpr (T == DType::Q6_K) return x.dsum16[size_t(t * 2 * nb + si)];
+  return x.dsum32[size_t(t * nb + si)];
 }
 
 // Bytes ahead of the codes being read that each block prefetches.
@@ -118,7 +130,7 @@ template <DType T> inline BlockScales block_scales(const uint8_t* su, int blk, i
     return {a, b};
   } else {
     const __m512 a = f16x16(su);
-    constexpr float off = T == DType::Q8_0 ? -128.f : T == DType::Q5_0 ? -16.f : -8.f;
+    constexpr float off = T == DType::Q8_0 ? 0.f : T == DType::Q5_0 ? -16.f : -8.f;  // Q8_0: unused
     return {a, _mm512_mul_ps(a, _mm512_set1_ps(off))};
   }
 }
@@ -130,11 +142,10 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const int8_t* xr[NT];
-  const float *dx[NT], *ds[NT];
+  const float* dx[NT];
   for (int t = 0; t < NT; ++t) {
     xr[t] = x.qrow(tb + t);
     dx[t] = x.dx.data() + (tb + t) * nb;
-    ds[t] = (T == DType::Q6_K ? x.dsum16.data() + 2 * (tb + t) * nb : x.dsum32.data() + (tb + t) * nb);
   }
   const uint8_t* cb = w.codes(g, 0);
   const uint8_t* su = w.scales(g, 0);
@@ -152,12 +163,13 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
         const BlockScales s = block_scales<T>(su, blk, h, d, dmin);
         for (int t = 0; t < NT; ++t) {
           const __m512i dt = h == 0 ? dot<0, 4>(c, xr[t] + kb) : dot<4, 8>(c, xr[t] + kb);
-          acc[t] = accumulate(acc[t], dt, s.a, s.b, dx[t][bi], ds[t][2 * bi + h]);
+          acc[t] = accumulate<T>(acc[t], dt, s.a, s.b, dx[t][bi], block_dsum<T>(x, tb + t, 2 * bi + h));
         }
       }
     } else {
       const BlockScales s = block_scales<T>(su, blk, 0, d, dmin);
-      for (int t = 0; t < NT; ++t) acc[t] = accumulate(acc[t], dot<0, 8>(c, xr[t] + kb), s.a, s.b, dx[t][bi], ds[t][bi]);
+      for (int t = 0; t < NT; ++t)
+        acc[t] = accumulate<T>(acc[t], dot<0, 8>(c, xr[t] + kb), s.a, s.b, dx[t][bi], block_dsum<T>(x, tb + t, bi));
     }
   }
   for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
@@ -264,18 +276,18 @@ template <DType T> void widen_groups(const QPacked& w, int64_t g0, int64_t g1, u
 // scaling loop reads them at fixed offsets from two pointers.
 template <DType T> void tile_scales(const QActs& x, int64_t tb, float* dx, float* dsum) {
   const int64_t nb = x.k / 32, ns = T == DType::Q6_K ? 2 * nb : nb;
-  const float* ds = T == DType::Q6_K ? x.dsum16.data() : x.dsum32.data();
   for (int t = 0; t < 16; ++t) {
     for (int64_t bi = 0; bi < nb; ++bi) dx[bi * 16 + t] = x.dx[size_t((tb + t) * nb + bi)];
-    for (int64_t si = 0; si < ns; ++si) dsum[si * 16 + t] = ds[size_t((tb + t) * ns + si)];
+    for (int64_t si = 0; si < ns; ++si) dsum[si * 16 + t] = block_dsum<T>(x, tb + t, si);
   }
 }
 
 // acc[t] += the scaled dots of one stored 16x16 tile (token t's row at dots + 16t).
+template <DType T>
 inline void accumulate_tile(__m512 (&acc)[16], const int32_t* dots, const BlockScales& s, const float* dx,
                             const float* dsum) {
   for (int t = 0; t < 16; ++t)
-    acc[t] = accumulate(acc[t], _mm512_load_si512(dots + 16 * t), s.a, s.b, dx[t], dsum[t]);
+    acc[t] = accumulate<T>(acc[t], _mm512_load_si512(dots + 16 * t), s.a, s.b, dx[t], dsum[t]);
 }
 
 // Tokens [tb, tb + 16) of group g: codes widened, dx/dsum from tile_scales.
@@ -312,7 +324,7 @@ void group_tile(const QPacked& w, const QActs& x, const uint8_t* codes, const fl
       const int blk = int(bi % Lay.blocks_per_unit), h = int(sj % per_block);
       const uint8_t* su = w.scales(g, bi / Lay.blocks_per_unit);
       if (blk == 0 && h == 0) unit_scales<T>(su, d, dmin);
-      accumulate_tile(acc, dots[(s0 / 4) & 1][j], block_scales<T>(su, blk, h, d, dmin), dx + 16 * bi, dsum + 16 * sj);
+      accumulate_tile<T>(acc, dots[(s0 / 4) & 1][j], block_scales<T>(su, blk, h, d, dmin), dx + 16 * bi, dsum + 16 * sj);
     }
   }
   for (int t = 0; t < 16; ++t) _mm512_mask_storeu_ps(y + (tb + t) * ldy + g * kQRows, rows, acc[t]);
