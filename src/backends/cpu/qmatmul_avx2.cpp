@@ -125,7 +125,7 @@ constexpr size_t kPrefetch = 2048;
 // accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
 // (Wide) its codes widened to 8 bits.
 // Not inlined: each tile shape is its own symbol in a profile, and its registers are allocated
-// alone (inlined into the driver's loops, the Q8_0 tile spilled more).
+// for it alone, not for the driver loops around it.
 template <DType T, int NT, int NH, bool Wide>
 __attribute__((noinline)) void rows_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int h0, int64_t tb, float* y,
                  int64_t ldy, int rows) {
