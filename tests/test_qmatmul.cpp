@@ -3,13 +3,16 @@
 // 8-bit activations of the exact f32 result.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
+#include "core/dtype.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 
@@ -157,6 +160,59 @@ TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
         EXPECT_LE(std::fabs(got - exact), bound * 1.01 + 1e-4) << mb::dtype_name(t) << " row " << r << " token " << tt;
       }
   }
+}
+
+// Q8_0's twin scales the signed dot Σ(c - 128)·q, exact in int32, once per block. Against
+// double-precision math on the same 8-bit activations its error is that of one product and one
+// add per block. The two-term form (Σc·q scaled, then -128·d times dx·Σq added) cancels two
+// terms ~128·Σq/Σw·q times larger than the result when the activations have a mean, and fails
+// the same bound: checked below as the control that the bound can tell the two apart.
+TEST(QMatmul, Q8_0ScalesTheSignedDotWithoutCancellation) {
+  std::mt19937 rng(11);
+  const int64_t m = 32, k = 1024, n = 4, nb = k / 32;
+  QuantMatrix q = make_matrix(DType::Q8_0, m, k, rng);
+  auto p = mb::cpu::qpack(DType::Q8_0, q.bytes.data(), m, k);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(n * k));
+  for (auto& v : x) v = 4.f + 0.3f * nd(rng);  // a large mean: Σq ~ 32·120 per block
+  mb::cpu::QActs a;
+  mb::cpu::quantize_acts(x.data(), k, n, k, a);
+  std::vector<float> y(size_t(n * m));
+  mb::cpu::qmatmul_ref(*p, a, y.data(), m, 0, p->groups, 0, n);
+  const double u = std::ldexp(1.0, -24);  // unit roundoff of f32
+  const size_t rb = mb::dtype_row_bytes(DType::Q8_0, k);
+  double worst_new = 0, worst_old = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < m; ++r) {
+      double exact = 0, bound = 0;
+      float old = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = q.bytes.data() + size_t(r) * rb + size_t(b) * 34;
+        const float d = mb::f16_to_f32(uint16_t(blk[0] | blk[1] << 8));
+        const float dx = a.dx[size_t(t * nb + b)];
+        int32_t dot = 0, dotc = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int32_t qi = a.q[size_t(t * k + 32 * b + i)];
+          dot += int32_t(int8_t(blk[2 + i])) * qi;
+          dotc += (int32_t(int8_t(blk[2 + i])) + 128) * qi;
+        }
+        const double term = double(d) * double(dx) * double(dot);
+        exact += term;
+        // first order: the rounding of d·dx (relative u) and of the FMA (u of the new sum)
+        bound += 1.001 * u * (std::fabs(term) + std::fabs(exact));
+        old = std::fma(float(dotc), d * dx, old);
+        old = std::fma(d * -128.f, a.dsum32[size_t(t * nb + b)], old);
+      }
+      const double got = y[size_t(t * m + r)];
+      ASSERT_TRUE(std::isfinite(got));
+      EXPECT_LE(std::fabs(got - exact), bound + 1e-30) << "row " << r << " token " << t;
+      if (bound > 0) {
+        worst_new = std::max(worst_new, std::fabs(got - exact) / bound);
+        worst_old = std::max(worst_old, std::fabs(double(old) - exact) / bound);
+      }
+    }
+  EXPECT_GT(worst_old, 1.0) << "the bound no longer tells the two forms apart";
+  std::printf("[ figure ] Q8_0 twin: worst error / bound %.3f (the two-term form: %.3f)\n", worst_new, worst_old);
 }
 
 // fn equals qmatmul_ref bit for bit for every type at each batch size n, called directly and
