@@ -187,14 +187,14 @@ TEST(QMatmul, Q8_0ScalesTheSignedDotWithoutCancellation) {
       double exact = 0, bound = 0;
       float old = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = q.bytes.data() + size_t(r) * rb + size_t(b) * 34;
-        const float d = mb::f16_to_f32(uint16_t(blk[0] | blk[1] << 8));
+        const mb::blocks::Q8_0& blk = reinterpret_cast<const mb::blocks::Q8_0*>(q.bytes.data() + size_t(r) * rb)[b];
+        const float d = mb::f16_to_f32(blk.d);
         const float dx = a.dx[size_t(t * nb + b)];
         int32_t dot = 0, dotc = 0;
         for (int i = 0; i < 32; ++i) {
           const int32_t qi = a.q[size_t(t * k + 32 * b + i)];
-          dot += int32_t(int8_t(blk[2 + i])) * qi;
-          dotc += (int32_t(int8_t(blk[2 + i])) + 128) * qi;
+          dot += int32_t(blk.qs[i]) * qi;
+          dotc += (int32_t(blk.qs[i]) + 128) * qi;
         }
         const double term = double(d) * double(dx) * double(dot);
         exact += term;

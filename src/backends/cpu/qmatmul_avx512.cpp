@@ -128,10 +128,11 @@ template <DType T> inline BlockScales block_scales(const uint8_t* su, int blk, i
     const __m512 b = _mm512_castsi512_ps(_mm512_xor_si512(
         _mm512_castps_si512(_mm512_mul_ps(dmin, u8x16(su + 192 + 16 * blk))), _mm512_set1_epi32(int32_t(0x80000000u))));
     return {a, b};
+  } else if constexpr (T == DType::Q8_0) {
+    return {f16x16(su), _mm512_setzero_ps()};  // b unused: accumulate<Q8_0> scales the signed dot
   } else {
     const __m512 a = f16x16(su);
-    constexpr float off = T == DType::Q8_0 ? 0.f : T == DType::Q5_0 ? -16.f : -8.f;  // Q8_0: unused
-    return {a, _mm512_mul_ps(a, _mm512_set1_ps(off))};
+    return {a, _mm512_mul_ps(a, _mm512_set1_ps(T == DType::Q5_0 ? -16.f : -8.f))};
   }
 }
 
