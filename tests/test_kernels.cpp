@@ -508,6 +508,54 @@ TEST(KernelAttention, EveryPathMatchesDoublePrecision) {
   }
 }
 
+TEST(KernelAttention, SequencesInOneCallEqualEachAlone) {
+  // A decode batch: sequences of different lengths (one of them a ring past its window, one a
+  // short prompt block) in one call give the bits each gets alone, on every path.
+  std::mt19937 rng(9);
+  struct Seq {
+    int64_t n, len;
+    bool ring;
+  };
+  const int64_t nh = 8, nkv = 1, hd = 64;
+  const int window = 24;
+  const std::vector<Seq> seqs = {{1, 5, false}, {1, 90, true}, {3, 40, false}, {1, 1, false}, {1, 33, true}};
+  std::vector<std::vector<float>> ks, vs, qs;
+  std::vector<std::vector<int32_t>> ps;
+  std::vector<mb::cpu::AttnArgs> args;
+  for (const Seq& q : seqs) {
+    const int64_t cap = q.ring ? window - 1 + q.n : q.len;
+    ks.push_back(randn(size_t(cap * nkv * hd), rng, 0.5f));
+    vs.push_back(randn(size_t(cap * nkv * hd), rng));
+    qs.push_back(randn(size_t(q.n * nh * hd), rng, 0.5f));
+    std::vector<int32_t> pos;
+    for (int64_t t = 0; t < q.n; ++t) pos.push_back(int32_t(q.len - q.n + t));
+    ps.push_back(pos);
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t cap = seqs[i].ring ? window - 1 + seqs[i].n : seqs[i].len;
+    args.push_back({qs[i].data(), nullptr, ks[i].data(), vs[i].data(), ps[i].data(), seqs[i].n, nh, nkv, hd, cap,
+                    seqs[i].ring, seqs[i].ring ? window : 0, 0.125f, 0.f});
+  }
+  for (Isa isa : paths()) {
+    UseIsa u(isa);
+    std::vector<std::vector<float>> together(seqs.size()), alone(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      together[i].assign(size_t(seqs[i].n * nh * hd), -1.f);
+      alone[i].assign(size_t(seqs[i].n * nh * hd), -2.f);
+      args[i].out = together[i].data();
+    }
+    mb::cpu::attention(args.data(), int64_t(args.size()));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      mb::cpu::AttnArgs one = args[i];
+      one.out = alone[i].data();
+      mb::cpu::attention(one);
+      for (size_t j = 0; j < alone[i].size(); ++j)
+        ASSERT_TRUE(same_bits(together[i][j], alone[i][j]) && std::isfinite(alone[i][j]))
+            << mb::cpu::isa_name(isa) << " seq " << i << " j " << j;
+    }
+  }
+}
+
 TEST(KernelAttention, BackendOpUsesTheRingAndWindow) {
   // The backend op over a KVStore: a window-3 ring of 4 rows after 10 positions.
   auto be = mb::make_cpu_backend();

@@ -4,18 +4,20 @@
 # just before and just after it, then the median share. Decode speed and bandwidth swing with the
 # neighbours on shared machines, so only a probe taken around each run is a fair floor.
 #   tools/floor.sh FILE.gguf [ROUNDS=5] [TG=128]
+# THREADS (default: every CPU this process may use) sets both the probe's and the decode's threads.
 set -euo pipefail
 model=${1:?usage: $0 FILE.gguf [ROUNDS] [TG]}
 rounds=${2:-5}
 tg=${3:-128}
 mb=${MARKBASE:-$(dirname "$0")/../build/bin/markbase}
 [[ -x $mb ]] || { echo "no markbase at $mb (tools/build.sh release)" >&2; exit 1; }
-membw() { "$mb" bench --membw --json 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["membw_gb_per_s"])'; }
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores; model $model, --pp 16 --tg $tg, $rounds rounds"
+threads=(); [[ -n ${THREADS:-} ]] && threads=(--threads "$THREADS")
+membw() { "$mb" bench --membw "${threads[@]}" --json 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["membw_gb_per_s"])'; }
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, threads ${THREADS:-all}; model $model, --pp 16 --tg $tg, $rounds rounds"
 shares=()
 for r in $(seq 1 "$rounds"); do
   before=$(membw)
-  streamed=$("$mb" bench -m "$model" --pp 16 --tg "$tg" --reps 1 --json 2>/dev/null |
+  streamed=$("$mb" bench -m "$model" --pp 16 --tg "$tg" --reps 1 "${threads[@]}" --json 2>/dev/null |
     python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["tg_tokens_per_s"] * j["weight_bytes_per_token"] / 1e9)')
   after=$(membw)
   share=$(python3 -c "print(f'{$streamed / (($before + $after) / 2):.3f}')")

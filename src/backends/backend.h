@@ -33,8 +33,12 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
 
-  // Zeroed activation/cache memory owned by the returned tensor.
+  // Zeroed memory owned by the returned tensor (KV caches, anything read before it is written).
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
+  // Memory for an op's output: contents undefined, so every op writes all of its output. A
+  // backend may hand out the same memory again once the tensor is dropped (the CPU backend keeps a
+  // pool, so a forward pass does not page-fault through fresh memory each step).
+  virtual Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
   // A weight in `dtype`, in whatever layout this backend's kernels want for `use`: a matmul weight
   // may carry a repacked copy (Tensor::packed); a lookup table (embeddings, the per-layer table)
   // never gets one, so it stays in the mmap and only the rows read are paged in. May alias `src`
@@ -82,6 +86,22 @@ class Backend {
   // (within the window) already written to kv; grouped heads: head h reads KV head h / (n_heads/n_kv).
   virtual void attention(const Tensor& q, const KVStore& kv, const int32_t* pos,
                          const AttentionParams& p, Tensor& out) = 0;
+  // One sequence of a batch: rows [begin, begin + count) of q and out, at positions pos[count],
+  // over its own KV.
+  struct AttentionSeq {
+    const KVStore* kv = nullptr;
+    int64_t begin = 0, count = 0;
+    const int32_t* pos = nullptr;
+  };
+  // attention() for each sequence of a batch (a decode step of several users), which a backend
+  // may run as one pass: the same numbers as one call per sequence.
+  virtual void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
+                               Tensor& out) {
+    for (const AttentionSeq& s : seqs) {
+      Tensor qs = q.slice_rows(s.begin, s.count), os = out.slice_rows(s.begin, s.count);
+      attention(qs, *s.kv, s.pos, p, os);
+    }
+  }
   // out = gelu_tanh(gate) * up (elementwise; out may alias either input).
   virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out = a + b; out = a * b (b broadcast over rows when it has a single row); x *= s.

@@ -13,11 +13,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
+#include "backends/profiling_backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/mmap.h"
@@ -65,10 +67,53 @@ double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30) {
   return best;
 }
 
+// --profile: the profiler's op times of one phase (prefill or decode) summed over the reps.
+struct PhaseProfile {
+  std::map<std::string, ProfilingBackend::Entry> ops;
+  double seconds = 0;  // wall time of the phase
+  int64_t units = 0;   // prompts or decode steps
+
+  void add(ProfilingBackend& p, double phase_seconds, int64_t n_units) {
+    for (const auto& e : p.entries()) {
+      auto& o = ops[e.label];
+      o.label = e.label;
+      o.calls += e.calls;
+      o.seconds += e.seconds;
+      o.weight_bytes += e.weight_bytes;
+    }
+    p.reset();
+    seconds += phase_seconds;
+    units += n_units;
+  }
+
+  // One table on stderr: per unit (a prompt, a step), each op's time, share of the phase, calls
+  // and, for matmuls, the weight bytes per second they read.
+  void print(const char* phase, int batch, const char* unit) const {
+    if (units == 0 || seconds <= 0) return;
+    std::vector<ProfilingBackend::Entry> rows;
+    double in_ops = 0;
+    for (const auto& [label, e] : ops) {
+      rows.push_back(e);
+      in_ops += e.seconds;
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.seconds > y.seconds; });
+    const double per = 1e3 / double(units);
+    std::fprintf(stderr, "bench: %s profile, batch %d: %.3f ms a %s, %.1f%% of it inside backend ops\n", phase,
+                 batch, seconds * per, unit, 100 * in_ops / seconds);
+    std::fprintf(stderr, "  %10s %7s %10s %12s  %s\n", "ms", "share", "calls", "weight GB/s", "op");
+    for (const auto& e : rows) {
+      char gbs[32] = "";
+      if (e.weight_bytes > 0 && e.seconds > 0) std::snprintf(gbs, sizeof gbs, "%.1f", e.weight_bytes / e.seconds / 1e9);
+      std::fprintf(stderr, "  %10.3f %6.1f%% %10.1f %12s  %s\n", e.seconds * per, 100 * e.seconds / seconds,
+                   double(e.calls) / double(units), gbs, e.label.c_str());
+    }
+  }
+};
+
 struct BenchArgs {
   std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer;
   int pp = 512, tg = 128, reps = 3, threads = 0;
-  bool json = false, membw = false;
+  bool json = false, membw = false, profile = false;
 };
 
 // Peak resident set of this process so far (Linux reports ru_maxrss in KiB).
@@ -204,7 +249,10 @@ void run_bench(const BenchArgs& a) {
     save_gguf(*ck, a);
     if (a.pp + a.tg == 0) return;
   }
-  auto be = make_cpu_backend();
+  std::unique_ptr<Backend> cpu_backend = make_cpu_backend();
+  std::unique_ptr<ProfilingBackend> profiler;
+  if (a.profile) profiler = std::make_unique<ProfilingBackend>(*cpu_backend);
+  Backend* be = profiler ? static_cast<Backend*>(profiler.get()) : cpu_backend.get();
   ModelLoadOptions mo;
   mo.keep_checkpoint_dtype = keep || !a.synthetic.empty();
   mo.weight_dtype = dtype;
@@ -249,10 +297,12 @@ void run_bench(const BenchArgs& a) {
   for (int32_t B : batches) {
     std::vector<double> pp_rates, tg_rates;
     size_t kv_bytes = 0;
+    PhaseProfile pp_profile, tg_profile;
     for (int rep = 0; rep < a.reps; ++rep) {
       KVCache kv(c, *be, {B, int64_t(a.pp + a.tg + 1), 512});
       kv_bytes = kv.bytes();
       std::vector<float> logits;
+      if (profiler) profiler->set_enabled(true);
       auto t0 = Clock::now();
       for (int s = 0; s < B; ++s) {
         auto toks = random_tokens(a.pp, c.vocab_size, uint64_t(rep * 1000 + s + 1));
@@ -268,6 +318,12 @@ void run_bench(const BenchArgs& a) {
         if (isatty(2)) std::fprintf(stderr, "\rbench: batch %d rep %d/%d prefill %d/%d   ", B, rep + 1, a.reps, s + 1, B);
       }
       if (a.pp > 0) pp_rates.push_back(double(a.pp) * B / since(t0));
+      if (profiler) {
+        profiler->set_enabled(false);
+        if (a.pp > 0) pp_profile.add(*profiler, since(t0), B);
+        profiler->reset();
+        profiler->set_enabled(true);
+      }
       t0 = Clock::now();
       for (int step = 0; step < a.tg; ++step) {
         model->forward(decode_batch(B, a.pp + step, step), kv, logits);
@@ -275,6 +331,11 @@ void run_bench(const BenchArgs& a) {
           std::fprintf(stderr, "\rbench: batch %d rep %d/%d decode %d/%d      ", B, rep + 1, a.reps, step + 1, a.tg);
       }
       if (a.tg > 0) tg_rates.push_back(double(a.tg) * B / since(t0));
+      if (profiler) {
+        profiler->set_enabled(false);
+        if (a.tg > 0) tg_profile.add(*profiler, since(t0), a.tg);
+        profiler->reset();
+      }
     }
     if (isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
     const double pp = median(pp_rates), tg = median(tg_rates);
@@ -295,6 +356,10 @@ void run_bench(const BenchArgs& a) {
                   double(kv_bytes) / 1e9, double(rss) / 1e9);
     }
     std::fflush(stdout);
+    if (profiler) {
+      pp_profile.print("prefill", B, "prompt");
+      tg_profile.print("decode", B, "step");
+    }
   }
 }
 
@@ -320,6 +385,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--reps", a->reps, "repetitions; the median is reported (default 3)");
   cmd->add_flag("--json", a->json, "one JSON object per line per batch size");
   cmd->add_flag("--membw", a->membw, "measure memory read bandwidth");
+  cmd->add_flag("--profile", a->profile,
+                "time every backend op and print, per prompt and per decode step, where the time went (stderr)");
   cmd->callback([a] { run_bench(*a); });
 }
 

@@ -176,9 +176,9 @@ void Gemma4Model::load_weights() {
 // ple[L][n, P]: per_layer_inputs of §2.2, one [n, P] tensor per layer.
 Tensor Gemma4Model::per_layer_inputs(const Batch& batch, const Tensor& x0) {
   const int64_t n = x0.rows(), H = cfg_.hidden_size, P = cfg_.ple_dim, NL = cfg_.n_layers;
-  Tensor tok = be_.alloc(DType::F32, {n, NL * P});
+  Tensor tok = be_.scratch(DType::F32, {n, NL * P});
   be_.embed(ple_table, batch.tokens.data(), n, ple_scale, tok);  // token-identity part
-  Tensor ctx = be_.alloc(DType::F32, {n, NL * P});
+  Tensor ctx = be_.scratch(DType::F32, {n, NL * P});
   be_.matmul(x0, ple_model_proj, ctx);  // context part from the scaled embedding
   be_.scale(ctx, float(1.0 / std::sqrt(double(H))));
   Tensor ctx_rows = ctx.reshaped({n * NL, P});
@@ -186,7 +186,7 @@ Tensor Gemma4Model::per_layer_inputs(const Batch& batch, const Tensor& x0) {
   be_.add(ctx, tok, ctx);
   be_.scale(ctx, float(1.0 / std::sqrt(2.0)));
   // Regroup layer-major so each layer reads a contiguous [n, P] block.
-  Tensor out = be_.alloc(DType::F32, {NL, n, P});
+  Tensor out = be_.scratch(DType::F32, {NL, n, P});
   for (int64_t l = 0; l < NL; ++l) {
     Tensor dst = out.slice_rows(l, 1).reshaped({n, P});
     be_.slice_cols(ctx, l * P, dst);
@@ -201,14 +201,14 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
   const float eps = cfg_.rms_eps;
   const bool add1 = cfg_.norm_adds_one;
 
-  Tensor h = be_.alloc(DType::F32, {n, H});
+  Tensor h = be_.scratch(DType::F32, {n, H});
   be_.rms_norm(x, &w.attn_norm, eps, add1, h);
 
-  Tensor q = be_.alloc(DType::F32, {n, nh, hd});
+  Tensor q = be_.scratch(DType::F32, {n, nh, hd});
   Tensor k, v;
   if (w.owns_kv) {
-    k = be_.alloc(DType::F32, {n, nkv, hd});
-    v = be_.alloc(DType::F32, {n, nkv, hd});
+    k = be_.scratch(DType::F32, {n, nkv, hd});
+    v = be_.scratch(DType::F32, {n, nkv, hd});
     if (L.has_v_proj) be_.matmuls(h, {&w.q_proj, &w.k_proj, &w.v_proj}, {&q, &k, &v});
     else be_.matmuls(h, {&w.q_proj, &w.k_proj}, {&q, &k});
   } else {
@@ -232,13 +232,13 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
   ap.scale = cfg_.attn_scale;
   ap.softcap = cfg_.attn_logit_softcap;
   ap.window = L.kind == AttnKind::Sliding ? cfg_.sliding_window : 0;
-  Tensor att = be_.alloc(DType::F32, {n, nh, hd});
-  for (const BatchSequence& s : batch.seqs) {
-    Tensor qs = q.slice_rows(s.begin, s.count), os = att.slice_rows(s.begin, s.count);
-    be_.attention(qs, kv.store(s.kv_slot, L.kv_source), batch.positions.data() + s.begin, ap, os);
-  }
+  Tensor att = be_.scratch(DType::F32, {n, nh, hd});
+  std::vector<Backend::AttentionSeq> seqs;
+  for (const BatchSequence& s : batch.seqs)
+    seqs.push_back({&kv.store(s.kv_slot, L.kv_source), s.begin, s.count, batch.positions.data() + s.begin});
+  be_.attention_batch(q, seqs, ap, att);
   q = k = v = Tensor();
-  Tensor a = be_.alloc(DType::F32, {n, H});
+  Tensor a = be_.scratch(DType::F32, {n, H});
   be_.matmul(att.reshaped({n, nh * hd}), w.o_proj, a);
   be_.add_rms_norm(x, a, &w.post_attn_norm, eps, add1);
 }
@@ -251,30 +251,30 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   const float eps = cfg_.rms_eps;
   const bool add1 = cfg_.norm_adds_one;
 
-  Tensor h = be_.alloc(DType::F32, {n, H});
+  Tensor h = be_.scratch(DType::F32, {n, H});
   be_.rms_norm(x, &w.pre_ffn_norm, eps, add1, h);
-  Tensor g = be_.alloc(DType::F32, {n, F}), u = be_.alloc(DType::F32, {n, F});
+  Tensor g = be_.scratch(DType::F32, {n, F}), u = be_.scratch(DType::F32, {n, F});
   be_.matmuls(h, {&w.gate_proj, &w.up_proj}, {&g, &u});
   be_.gelu_tanh_mul(g, u, g);
   // Activations die as soon as they are used: a prefill's peak memory is one FFN's working set.
   u = Tensor();
   h = Tensor();
-  Tensor m = be_.alloc(DType::F32, {n, H});
+  Tensor m = be_.scratch(DType::F32, {n, H});
   be_.matmul(g, w.down_proj, m);
 
   if (cfg_.moe) {
     // Dense branch and routed experts both read the residual stream x (post-attention).
     be_.rms_norm(m, &w.post_ffn_norm_1, eps, add1, m);
     const int64_t E = cfg_.n_experts, K = cfg_.top_k_experts;
-    Tensor z = be_.alloc(DType::F32, {n, H});
+    Tensor z = be_.scratch(DType::F32, {n, H});
     be_.rms_norm(x, nullptr, eps, false, z);
     be_.mul(z, w.router_scale, z);
     be_.scale(z, float(1.0 / std::sqrt(double(H))));
-    Tensor router_logits = be_.alloc(DType::F32, {n, E});
+    Tensor router_logits = be_.scratch(DType::F32, {n, E});
     be_.matmul(z, w.router_proj, router_logits);
-    Tensor rw = be_.alloc(DType::F32, {n, K}), ri = be_.alloc(DType::I32, {n, K});
+    Tensor rw = be_.scratch(DType::F32, {n, K}), ri = be_.scratch(DType::I32, {n, K});
     be_.route_topk(router_logits, int(K), &w.per_expert_scale, rw, ri);
-    Tensor xe = be_.alloc(DType::F32, {n, H}), m2 = be_.alloc(DType::F32, {n, H});
+    Tensor xe = be_.scratch(DType::F32, {n, H}), m2 = be_.scratch(DType::F32, {n, H});
     be_.rms_norm(x, &w.pre_ffn_norm_2, eps, add1, xe);
     be_.moe_gated_experts(xe, w.experts_gate_up, w.experts_down, rw, ri, m2);
     be_.rms_norm(m2, &w.post_ffn_norm_2, eps, add1, m2);
@@ -294,7 +294,7 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
              batch.positions[size_t(s.begin + s.count - 1)], kv.max_context());
   }
 
-  Tensor x = be_.alloc(DType::F32, {n, H});
+  Tensor x = be_.scratch(DType::F32, {n, H});
   be_.embed(embed_tokens, batch.tokens.data(), n, embed_scale, x);  // [n, H]
   Tensor ple;
   if (cfg_.ple_dim > 0) ple = per_layer_inputs(batch, x);          // [L, n, P]
@@ -306,11 +306,11 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
     ffn_block(l, x, has_ple ? 1.f : w.layer_scalar);
     if (has_ple) {
       const int64_t P = cfg_.ple_dim;
-      Tensor g = be_.alloc(DType::F32, {n, P});
+      Tensor g = be_.scratch(DType::F32, {n, P});
       be_.matmul(x, w.ple_gate, g);
       Tensor ple_l = ple.slice_rows(l, 1).reshaped({n, P});
       be_.gelu_tanh_mul(g, ple_l, g);
-      Tensor p = be_.alloc(DType::F32, {n, H});
+      Tensor p = be_.scratch(DType::F32, {n, H});
       be_.matmul(g, w.ple_proj, p);
       be_.add_rms_norm(x, p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, w.layer_scalar);
     }
@@ -320,10 +320,10 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
   const int64_t r = int64_t(batch.logit_rows.size());
   logits.resize(size_t(r * V));
   if (r == 0) return;
-  Tensor xr = be_.alloc(DType::F32, {r, H});
+  Tensor xr = be_.scratch(DType::F32, {r, H});
   be_.gather_rows(x, batch.logit_rows.data(), r, xr);
   be_.rms_norm(xr, &final_norm, cfg_.rms_eps, cfg_.norm_adds_one, xr);
-  Tensor out = be_.alloc(DType::F32, {r, V});
+  Tensor out = be_.scratch(DType::F32, {r, V});
   be_.matmul(xr, lm_head, out);
   if (cfg_.final_logit_softcap > 0) be_.softcap(out, cfg_.final_logit_softcap);
   be_.to_host(out, logits.data());

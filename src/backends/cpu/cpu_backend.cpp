@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "backends/backend.h"
@@ -11,6 +13,7 @@
 #include "core/mmap.h"
 #include "core/error.h"
 #include "core/quant.h"
+#include "core/scratch_pool.h"
 #include "core/thread_pool.h"
 
 namespace mb {
@@ -69,6 +72,14 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::CPU; }
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return host_tensor(dtype, std::move(shape)); }
+  Tensor scratch(DType dtype, std::vector<int64_t> shape) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.owner = scratch_.get(t.nbytes());
+    t.data = t.owner.get();
+    return t;
+  }
 
   bool supports_weight_dtype(DType d) const override {
     return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
@@ -147,6 +158,8 @@ class CpuBackend final : public Backend {
     const int64_t d = table.cols(), vocab = table.rows();
     MB_CHECK(out.rows() == n && out.cols() == d, "embed: out {} does not fit {} rows of {}", out.shape_str(), n, d);
     const size_t row_bytes = dtype_row_bytes(table.dtype, d);
+    std::lock_guard<std::mutex> lock(lookup_mu_);
+    size_t& touched = lookup_touched_[table.data];
     for (int64_t i = 0; i < n; ++i) {
       MB_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id {} is outside the vocabulary [0, {})", ids[i], vocab);
       float* o = out.f32() + i * d;
@@ -154,20 +167,18 @@ class CpuBackend final : public Backend {
       if (dtype_is_quantized(table.dtype)) dequantize_row(table.dtype, row, o, d);
       else cpu::to_f32(table.dtype, row, o, d);
       for (int64_t j = 0; j < d; ++j) o[j] *= scale;
-      release_lookup_window(table, row, row_bytes);
+      // Each row read from a file-mapped table brings up to ~64 KB around it into the process
+      // (the kernel maps neighbouring cached pages on a fault). Dropping the table's pages again
+      // keeps its resident share near the rows being read, not every row ever read (E2B's
+      // per-layer table is 2.3B parameters). One release over the whole table per ~2 MB of rows:
+      // a release per row cost ~300 us on a 2-vCPU VM (each is a TLB shootdown across the
+      // process's threads), 3% of a prefill. Memory that is not a file mapping is left alone.
+      touched += std::max<size_t>(row_bytes, kLookupWindow);
+      if (touched >= kLookupBudget) {
+        release_mapped_pages(table.data, table.nbytes());
+        touched = 0;
+      }
     }
-  }
-
-  // A row read from a file-mapped table brings the 64 KB around it into the process (the kernel
-  // maps neighbouring cached pages on each fault); dropping that window again keeps a lookup
-  // table's resident share at the rows being read, not every row ever read (E2B's per-layer
-  // table is 2.3B parameters). Memory that is not a file mapping is left alone.
-  static void release_lookup_window(const Tensor& table, const uint8_t* row, size_t row_bytes) {
-    constexpr uintptr_t kWindow = 64 * 1024;
-    const uintptr_t b = uintptr_t(table.data), e = b + table.nbytes();
-    const uintptr_t lo = std::max(b, uintptr_t(row) / kWindow * kWindow);
-    const uintptr_t hi = std::min(e, (uintptr_t(row) + row_bytes + kWindow - 1) / kWindow * kWindow);
-    release_mapped_pages(reinterpret_cast<const void*>(lo), size_t(hi - lo));
   }
 
   void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override {
@@ -245,16 +256,28 @@ class CpuBackend final : public Backend {
 
   void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
                  Tensor& out) override {
+    attention_batch(q, {AttentionSeq{&kv, 0, q.dim(0), pos}}, p, out);
+  }
+
+  void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
+                       Tensor& out) override {
     check_f32(q, "attention", "q");
+    MB_CHECK(q.rank() == 3, "attention: expected q [n, heads, head_dim], got {}", q.shape_str());
     const int64_t n = q.dim(0), nh = q.dim(1), hd = q.dim(2);
-    const int64_t nkv = kv.k.dim(1);
-    MB_CHECK(kv.k.dim(2) == hd && nh % nkv == 0, "attention: q {} and KV {} do not fit", q.shape_str(),
-             kv.k.shape_str());
-    MB_CHECK(out.numel() == q.numel() && kv.capacity > 0, "attention: out {} does not fit q {}", out.shape_str(),
-             q.shape_str());
-    cpu::AttnArgs a{q.f32(), out.f32(), kv.k.f32(), kv.v.f32(), pos, n, nh, nkv, hd, kv.capacity, kv.ring,
-                    p.window, p.scale, p.softcap};
-    cpu::attention(a);
+    MB_CHECK(out.numel() == q.numel(), "attention: out {} does not fit q {}", out.shape_str(), q.shape_str());
+    std::vector<cpu::AttnArgs> args;
+    for (const AttentionSeq& s : seqs) {
+      const KVStore& kv = *s.kv;
+      const int64_t nkv = kv.k.dim(1);
+      MB_CHECK(kv.k.dim(2) == hd && nkv > 0 && nh % nkv == 0, "attention: q {} and KV {} do not fit", q.shape_str(),
+               kv.k.shape_str());
+      MB_CHECK(kv.capacity > 0 && s.begin >= 0 && s.count >= 0 && s.begin + s.count <= n,
+               "attention: rows [{}, {}) of q {} or an empty KV", s.begin, s.begin + s.count, q.shape_str());
+      const size_t off = size_t(s.begin * nh * hd);
+      args.push_back({q.f32() + off, out.f32() + off, kv.k.f32(), kv.v.f32(), s.pos, s.count, nh, nkv, hd,
+                      kv.capacity, kv.ring, p.window, p.scale, p.softcap});
+    }
+    cpu::attention(args.data(), int64_t(args.size()));
   }
 
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
@@ -331,8 +354,8 @@ class CpuBackend final : public Backend {
       auto& toks = routed[size_t(e)];
       if (toks.empty()) continue;
       const int64_t m = int64_t(toks.size());
-      Tensor xe = host_tensor(DType::F32, {m, H}), gu = host_tensor(DType::F32, {m, I2});
-      Tensor act = host_tensor(DType::F32, {m, I}), ye = host_tensor(DType::F32, {m, H});
+      Tensor xe = scratch(DType::F32, {m, H}), gu = scratch(DType::F32, {m, I2});
+      Tensor act = scratch(DType::F32, {m, I}), ye = scratch(DType::F32, {m, H});
       for (int64_t i = 0; i < m; ++i) std::memcpy(xe.f32() + i * H, x.f32() + toks[size_t(i)].first * H, size_t(H) * 4);
       Tensor wgu = gate_up;
       wgu.shape = {I2, H};
@@ -448,7 +471,23 @@ class CpuBackend final : public Backend {
     return dst;
   }
 
-  void to_host(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }
+  // A batch's logits are MBs (262k floats a row): one thread's memcpy was 4% of a batch-8 decode
+  // step on 16 cores.
+  void to_host(const Tensor& src, void* dst) override {
+    const size_t bytes = src.nbytes();
+    constexpr int64_t kChunk = 256 * 1024;
+    ThreadPool::global().parallel_for(int64_t(bytes), kChunk, [&](int64_t b, int64_t e) {
+      std::memcpy(static_cast<uint8_t*>(dst) + b, static_cast<const uint8_t*>(src.data) + b, size_t(e - b));
+    });
+  }
+
+ private:
+  ScratchPool scratch_;
+  // Bytes of lookup rows read from each table (by its data pointer) since its pages were last
+  // released (embed).
+  static constexpr size_t kLookupWindow = 64 * 1024, kLookupBudget = 2 * 1024 * 1024;
+  std::mutex lookup_mu_;
+  std::map<const void*, size_t> lookup_touched_;
 };
 
 }  // namespace

@@ -407,29 +407,54 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   });
 }
 
-void attention(const AttnArgs& a) {
-  if (a.n <= 0 || a.nh <= 0) return;
+void attention(const AttnArgs& a) { attention(&a, 1); }
+
+void attention(const AttnArgs* seqs, int64_t n_seqs) {
   const KernelTable& K = kernels();
   ThreadPool& pool = ThreadPool::global();
-  const int64_t group = a.nh / a.nkv, threads = pool.size();
-  // Tasks: (KV head, block of up to 16 tokens, slice of the group's heads). Heads are split only
-  // when there would otherwise be fewer tasks than threads (decode): each slice reads and
-  // transposes the same keys again.
-  const int64_t tb = std::min<int64_t>(a.n, 16), ntb = ceil_div(a.n, tb);
+  const int64_t threads = pool.size();
+  // Tasks: (sequence, KV head, block of up to 16 tokens, slice of the group's heads), all
+  // sequences in one region: a decode batch's sequences are one token each, and a region per
+  // sequence costs more in hand-offs than its attention. Heads are split only when there would
+  // otherwise be fewer tasks than threads (decode): each slice reads and transposes the same keys
+  // again.
+  std::vector<int64_t> first(size_t(n_seqs) + 1, 0);  // each sequence's first task
+  int64_t base = 0, group = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const AttnArgs& a = seqs[i];
+    if (a.n > 0 && a.nh > 0) base += a.nkv * ceil_div(a.n, std::min<int64_t>(a.n, 16));
+    group = std::max(group, a.nkv > 0 ? a.nh / a.nkv : 0);
+  }
+  if (base == 0) return;
   int64_t hsplit = 1;
-  while (a.nkv * ntb * hsplit < threads && hsplit < group) ++hsplit;
-  const int64_t hs = ceil_div(group, hsplit);
-  hsplit = ceil_div(group, hs);
-  const int64_t tasks = a.nkv * ntb * hsplit;
-  int64_t span = a.window > 0 ? std::min<int64_t>(a.window, int64_t(a.pos[a.n - 1]) + 1) : int64_t(a.pos[a.n - 1]) + 1;
-  const double task_flops = 4.0 * double(tb * hs) * double(std::max<int64_t>(span, 1)) * double(a.hd);
-  const int64_t grain = std::max<int64_t>(1, int64_t(2e5 / task_flops));
+  while (base * hsplit < threads && hsplit < group) ++hsplit;
+  double flops = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const AttnArgs& a = seqs[i];
+    int64_t tasks = 0;
+    if (a.n > 0 && a.nh > 0) {
+      const int64_t g = a.nh / a.nkv, hs = ceil_div(g, std::min(hsplit, g));
+      tasks = a.nkv * ceil_div(a.n, std::min<int64_t>(a.n, 16)) * ceil_div(g, hs);
+      const int64_t span = a.window > 0 ? std::min<int64_t>(a.window, int64_t(a.pos[a.n - 1]) + 1)
+                                        : int64_t(a.pos[a.n - 1]) + 1;
+      flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(span, 1)) * double(a.hd);
+    }
+    first[size_t(i) + 1] = first[size_t(i)] + tasks;
+  }
+  const int64_t tasks = first.back();
+  const int64_t grain = std::max<int64_t>(1, int64_t(2e5 / (flops / double(tasks))));
   pool.parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
+    int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
     for (int64_t task = b; task < e; ++task) {
-      const int64_t g = task / (ntb * hsplit), rest = task % (ntb * hsplit);
-      const int64_t t0 = (rest / hsplit) * tb, t1 = std::min(a.n, t0 + tb);
-      const int64_t h0 = g * group + (rest % hsplit) * hs, h1 = std::min(h0 + hs, (g + 1) * group);
+      while (task >= first[size_t(i) + 1]) ++i;
+      const AttnArgs& a = seqs[i];
+      const int64_t group_i = a.nh / a.nkv, tb = std::min<int64_t>(a.n, 16), ntb = ceil_div(a.n, tb);
+      const int64_t hs = ceil_div(group_i, std::min(hsplit, group_i)), nsplit = ceil_div(group_i, hs);
+      const int64_t local = task - first[size_t(i)];
+      const int64_t g = local / (ntb * nsplit), rest = local % (ntb * nsplit);
+      const int64_t t0 = (rest / nsplit) * tb, t1 = std::min(a.n, t0 + tb);
+      const int64_t h0 = g * group_i + (rest % nsplit) * hs, h1 = std::min(h0 + hs, (g + 1) * group_i);
       if (h0 >= h1) continue;
       float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
@@ -439,7 +464,9 @@ void attention(const AttnArgs& a) {
 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   const KernelTable& K = kernels();
-  ThreadPool::global().parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+  // ~1 ns an element: a decode step's 12288-wide FFN is worth splitting on many cores (the
+  // kernel's tail takes the same vector path, so the split does not change a bit).
+  ThreadPool::global().parallel_for(n, 1 << 12, [&](int64_t b, int64_t e) {
     K.gelu_tanh_mul(g + b, u + b, out + b, e - b);
   });
 }

@@ -64,6 +64,8 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
             int64_t m, float* y, int64_t ldy);
 bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
+// Several sequences' attention (each with its own queries, KV and positions) in one parallel region.
+void attention(const AttnArgs* seqs, int64_t n_seqs);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
 // x = cap * tanh(x / cap)
 void softcap(float* x, int64_t n, float cap);

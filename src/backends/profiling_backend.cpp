@@ -1,0 +1,122 @@
+#include "backends/profiling_backend.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/dtype.h"
+
+namespace mb {
+
+template <class F> void ProfilingBackend::timed(const Key& key, double weight_bytes, F&& f) {
+  if (!enabled_) return f();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Entry& e = stats_[key];
+  ++e.calls;
+  e.seconds += s;
+  e.weight_bytes += weight_bytes;
+}
+
+std::vector<ProfilingBackend::Entry> ProfilingBackend::entries() const {
+  std::vector<Entry> out;
+  for (const auto& [key, e] : stats_) {
+    Entry r = e;
+    const auto& [op, rows, cols, dtype, n_weights] = key;
+    r.label = dtype < 0 ? std::string(op) : fmt::format("{} {}x{} {}", op, rows, cols, dtype_name(DType(dtype)));
+    if (n_weights > 1) r.label += fmt::format(" (+{} more)", n_weights - 1);
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+Tensor ProfilingBackend::alloc(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  timed("alloc", [&] { t = in_.alloc(dtype, std::move(shape)); });
+  return t;
+}
+
+Tensor ProfilingBackend::scratch(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  timed("scratch", [&] { t = in_.scratch(dtype, std::move(shape)); });
+  return t;
+}
+
+void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, Tensor& y) {
+  timed(Key{"matmul", w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()), [&] { in_.matmul(x, w, y); });
+}
+
+void ProfilingBackend::matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {
+  if (ws.empty()) return in_.matmuls(x, ws, ys);
+  double bytes = 0;
+  for (const Tensor* w : ws) bytes += double(w->nbytes());
+  timed(Key{"matmuls", ws[0]->rows(), ws[0]->cols(), int(ws[0]->dtype), ws.size()}, bytes,
+        [&] { in_.matmuls(x, ws, ys); });
+}
+
+void ProfilingBackend::embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) {
+  timed("embed", [&] { in_.embed(table, ids, n, scale, out); });
+}
+void ProfilingBackend::rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) {
+  timed("rms_norm", [&] { in_.rms_norm(x, w, eps, add_one, y); });
+}
+void ProfilingBackend::rope(Tensor& x, const int32_t* pos, const float* inv_freq) {
+  timed("rope", [&] { in_.rope(x, pos, inv_freq); });
+}
+void ProfilingBackend::rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
+                                     const float* inv_freq) {
+  timed("rms_norm_rope", [&] { in_.rms_norm_rope(x, w, eps, add_one, pos, inv_freq); });
+}
+void ProfilingBackend::add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale) {
+  timed("add_rms_norm", [&] { in_.add_rms_norm(x, branch, w, eps, add_one, scale); });
+}
+void ProfilingBackend::kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) {
+  timed("kv_write", [&] { in_.kv_write(kv, k, v, pos); });
+}
+void ProfilingBackend::attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
+                                 Tensor& out) {
+  timed("attention", [&] { in_.attention(q, kv, pos, p, out); });
+}
+void ProfilingBackend::attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs,
+                                       const AttentionParams& p, Tensor& out) {
+  timed("attention", [&] { in_.attention_batch(q, seqs, p, out); });
+}
+void ProfilingBackend::gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  timed("gelu_tanh_mul", [&] { in_.gelu_tanh_mul(gate, up, out); });
+}
+void ProfilingBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  timed("add", [&] { in_.add(a, b, out); });
+}
+void ProfilingBackend::mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  timed("mul", [&] { in_.mul(a, b, out); });
+}
+void ProfilingBackend::scale(Tensor& x, float s) {
+  timed("scale", [&] { in_.scale(x, s); });
+}
+void ProfilingBackend::softcap(Tensor& x, float cap) {
+  timed("softcap", [&] { in_.softcap(x, cap); });
+}
+void ProfilingBackend::route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
+                                  Tensor& experts) {
+  timed("route_topk", [&] { in_.route_topk(logits, k, per_expert_scale, weights, experts); });
+}
+void ProfilingBackend::moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down,
+                                         const Tensor& weights, const Tensor& experts, Tensor& out) {
+  timed("moe_gated_experts", [&] { in_.moe_gated_experts(x, gate_up, down, weights, experts, out); });
+}
+void ProfilingBackend::slice_cols(const Tensor& src, int64_t begin, Tensor& dst) {
+  timed("slice_cols", [&] { in_.slice_cols(src, begin, dst); });
+}
+void ProfilingBackend::gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) {
+  timed("gather_rows", [&] { in_.gather_rows(src, rows, n, dst); });
+}
+void ProfilingBackend::copy(const Tensor& src, Tensor& dst) {
+  timed("copy", [&] { in_.copy(src, dst); });
+}
+void ProfilingBackend::to_host(const Tensor& src, void* dst) {
+  timed("to_host", [&] { in_.to_host(src, dst); });
+}
+
+}  // namespace mb

@@ -1,0 +1,81 @@
+// A backend that times every op of another one, for `markbase bench --profile`: where a prefill's
+// or a decode step's time goes, op by op, with each matmul weight shape on its own line and its
+// weight bytes per second (the figure a memory-bound decode is judged by). It forwards each call
+// unchanged, so results are the wrapped backend's bit for bit. Times are host wall clock around
+// the call: right for the CPU backend, whose ops return when done; an asynchronous (CUDA) backend
+// would need a sync per op to be timed this way.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace mb {
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(Backend& inner) : in_(inner) {}
+
+  struct Entry {
+    std::string label;     // "matmul 6144x1536 q4_0", "attention", ...
+    int64_t calls = 0;
+    double seconds = 0;
+    double weight_bytes = 0;  // bytes of weights the calls read (matmuls), else 0
+  };
+  // Entries sorted by time, most first.
+  std::vector<Entry> entries() const;
+  // Timing happens only while enabled (prefill and decode are profiled apart); reset drops it.
+  void set_enabled(bool on) { enabled_ = on; }
+  void reset() { stats_.clear(); }
+
+  std::string name() const override { return in_.name(); }
+  Device device() const override { return in_.device(); }
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
+  Tensor scratch(DType dtype, std::vector<int64_t> shape) override;
+  Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
+    return in_.prepare_weight(src, dtype, use);
+  }
+  bool supports_weight_dtype(DType dtype) const override { return in_.supports_weight_dtype(dtype); }
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override;
+  void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override;
+  void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override;
+  void rope(Tensor& x, const int32_t* pos, const float* inv_freq) override;
+  void rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
+                     const float* inv_freq) override;
+  void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale) override;
+  void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override;
+  void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
+                 Tensor& out) override;
+  void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
+                       Tensor& out) override;
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void mul(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(Tensor& x, float s) override;
+  void softcap(Tensor& x, float cap) override;
+  void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
+                  Tensor& experts) override;
+  void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& weights,
+                         const Tensor& experts, Tensor& out) override;
+  void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override;
+  void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void to_host(const Tensor& src, void* dst) override;
+
+ private:
+  // Op name, and for matmuls the (first) weight's rows, columns, dtype and how many weights.
+  using Key = std::tuple<const char*, int64_t, int64_t, int, size_t>;
+  template <class F> void timed(const Key& key, double weight_bytes, F&& f);
+  template <class F> void timed(const char* op, F&& f) { timed(Key{op, 0, 0, -1, 0}, 0.0, f); }
+
+  Backend& in_;
+  bool enabled_ = false;
+  std::map<Key, Entry> stats_;
+};
+
+}  // namespace mb

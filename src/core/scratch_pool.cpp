@@ -1,0 +1,87 @@
+#include "core/scratch_pool.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace mb {
+
+namespace {
+
+std::atomic<int> g_poison{-1};  // -1: not read from the environment yet
+
+// Sizes are rounded so that near-equal requests (a prompt's last, shorter chunk) share blocks.
+size_t capacity_for(size_t bytes) {
+  constexpr size_t kSmall = 64, kPage = 4096;
+  if (bytes <= kPage) return std::max(kSmall, (bytes + kSmall - 1) / kSmall * kSmall);
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+
+}  // namespace
+
+bool ScratchPool::poison() {
+  int v = g_poison.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("MARKBASE_POISON_SCRATCH");
+    v = env && std::string(env) == "1" ? 1 : 0;
+    g_poison.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void ScratchPool::set_poison(bool on) { g_poison.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+ScratchPool::ScratchPool(size_t max_cached_bytes) : state_(std::make_shared<State>()) {
+  state_->max_cached = max_cached_bytes;
+}
+
+ScratchPool::State::~State() {
+  for (auto& [cap, p] : free) std::free(p);
+}
+
+void ScratchPool::State::put(void* p, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached + capacity <= max_cached) {
+      free.emplace(capacity, p);
+      cached += capacity;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+std::shared_ptr<void> ScratchPool::get(size_t bytes) {
+  const size_t want = capacity_for(bytes);
+  void* p = nullptr;
+  size_t cap = want;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    // Best fit, but never a block more than twice the size: a small request must not pin a large
+    // block that a later large request would then have to allocate again.
+    auto it = state_->free.lower_bound(want);
+    if (it != state_->free.end() && it->first <= 2 * want) {
+      cap = it->first;
+      p = it->second;
+      state_->free.erase(it);
+      state_->cached -= cap;
+    }
+  }
+  if (!p) {
+    p = std::aligned_alloc(64, cap);
+    MB_CHECK(p != nullptr, "out of memory allocating {} bytes of activations", bytes);
+  }
+  if (poison()) std::memset(p, 0xFF, cap);
+  std::shared_ptr<State> st = state_;
+  return std::shared_ptr<void>(p, [st, cap](void* q) { st->put(q, cap); });
+}
+
+size_t ScratchPool::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->cached;
+}
+
+}  // namespace mb
