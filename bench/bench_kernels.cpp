@@ -233,8 +233,29 @@ void ParallelFor(benchmark::State& state) {
   benchmark::DoNotOptimize(sink.data());
 }
 
+// What one parallel region costs beyond its work: a decode step opens ~250 of them, and on many
+// cores the hand-off is a visible share of a small matrix's time. `chunks` chunks of ~`work_ns`
+// each (a spin on the clock), one region per iteration.
+void PoolRegion(benchmark::State& state, int64_t chunks, int64_t work_ns) {
+  auto& pool = mb::ThreadPool::global();
+  for (auto _ : state) {
+    pool.parallel_for(chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(work_ns)) {
+        }
+      }
+    });
+  }
+}
+
 bool register_all() {
   benchmark::RegisterBenchmark("MemBw", MemBw)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+  for (int64_t chunks : {int64_t(4), int64_t(mb::ThreadPool::global().size()) * 8})
+    for (int64_t ns : {0, 1000})
+      benchmark::RegisterBenchmark(("PoolRegion/chunks:" + std::to_string(chunks) + "/work_ns:" + std::to_string(ns)).c_str(),
+                                   [=](benchmark::State& s) { PoolRegion(s, chunks, ns); })
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
     if (!mb::cpu::kernels_for(isa)) continue;
     const std::string in = mb::cpu::isa_name(isa);

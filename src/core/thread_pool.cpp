@@ -109,7 +109,7 @@ void ThreadPool::worker_loop(uint32_t seen) {
     seen = wake_.load(std::memory_order_acquire);
     uint32_t c = ctl_.load(std::memory_order_acquire);
     bool joined = false;
-    while (c & kOpen)
+    while ((c & kOpen) && (c & kActive) < max_join_.load(std::memory_order_relaxed))
       if (ctl_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
         joined = true;
         break;
@@ -125,6 +125,7 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
   fn_ = &fn;
   n_ = n;
   step_ = step;
+  max_join_.store(uint32_t(std::min<int64_t>((n + step - 1) / step - 1, kActive)), std::memory_order_relaxed);
   next_.store(0, std::memory_order_relaxed);
   ctl_.store(kOpen, std::memory_order_release);
   wake_.fetch_add(1);

@@ -64,6 +64,10 @@ class ThreadPool {
   // after they have joined it (so it cannot change under them).
   const FnRef<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, step_ = 1;
+  // Workers that may be inside the region at once: one per chunk beyond the caller's. A region of
+  // 4 chunks on 16 cores then wakes 3 workers into it, not 15 that contend for its counters and
+  // that the caller must wait out.
+  std::atomic<uint32_t> max_join_{0};  // written before the region opens; read by workers joining
   alignas(64) std::atomic<int64_t> next_{0};
   // Futex word the idle workers wait on; bumped once per region.
   alignas(64) std::atomic<uint32_t> wake_{0};
