@@ -491,6 +491,9 @@ TEST(KernelAttention, EveryPathMatchesDoublePrecision) {
       {17, 4, 4, 16, 17, 3, true, 30.f, 1.f},    {3, 2, 1, 5, 9, 0, false, 50.f, 0.7f},
       {40, 3, 1, 64, 100, 31, false, 0.f, 1.f},  {20, 8, 8, 80, 45, 0, false, 0.f, 0.1f},
       {2, 4, 2, 17, 2, 0, false, 0.f, 1.f},      {33, 1, 1, 48, 33, 1, true, 0.f, 1.f},
+      // Long contexts: many key splits, folded inside one task for the block and run as parallel
+      // splits for each token alone (the batch-invariance check below compares the two).
+      {9, 8, 1, 256, 700, 0, false, 0.f, 0.0625f},  {3, 4, 2, 72, 300, 130, false, 30.f, 0.2f},
   };
   for (const AttnCase& c : cases) run_attention_case(c, rng);
   for (int i = 0; i < 12; ++i) {

@@ -42,7 +42,18 @@ struct AttnArgs {
   bool ring;
   int window;
   float scale, softcap;
+  // A key split (flash decoding): only keys at positions [key_begin, key_end), and instead of
+  // `out`, the unnormalised result of each (token t, head h) row, O[hd] then the running max M
+  // and sum L, at part + (t * nh + h) * (hd + 2). attn_merge folds a row's splits in order.
+  int64_t key_begin = 0, key_end = INT64_MAX;
+  float* part = nullptr;
 };
+
+// Keys are split at multiples of this many positions (a multiple of every kernel's key block):
+// a row's result is the fold, in key order, of the softmax partials of its splits, whether one
+// task runs them all (prefill) or each split is its own task merged after (decode on many cores),
+// so a token gets the same bits alone or in a batch, on any number of threads.
+constexpr int64_t kAttnSplit = 64;
 
 struct KernelTable {
   Isa isa;
@@ -77,6 +88,9 @@ struct KernelTable {
   // scratch: attn_scratch_floats(rows, hd) floats, 64-byte aligned.
   size_t (*attn_scratch_floats)(int64_t rows, int64_t hd);
   void (*attention)(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float* scratch);
+  // out[hd] = the normalised fold of n_parts partial rows (AttnArgs::part layout) part_stride
+  // floats apart, in order. Null: this table's attention takes no key splits.
+  void (*attn_merge)(const float* parts, int64_t n_parts, size_t part_stride, int64_t hd, float* out);
 };
 
 // Tables compiled into this build; each returns null when its ISA was not compiled in. They do

@@ -143,7 +143,7 @@ const KernelTable kScalar = {
     Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap,
     std::numeric_limits<int>::max(), s_gemv,
     0, 0, 0, nullptr, nullptr, nullptr, nullptr,
-    s_attn_scratch, s_attention,
+    s_attn_scratch, s_attention, nullptr,
 };
 
 // ---------------------------------------------------------------- CPU detection
@@ -413,53 +413,110 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
   const KernelTable& K = kernels();
   ThreadPool& pool = ThreadPool::global();
   const int64_t threads = pool.size();
-  // Tasks: (sequence, KV head, block of up to 16 tokens, slice of the group's heads), all
-  // sequences in one region: a decode batch's sequences are one token each, and a region per
-  // sequence costs more in hand-offs than its attention. Heads are split only when there would
-  // otherwise be fewer tasks than threads (decode): each slice reads and transposes the same keys
-  // again.
-  std::vector<int64_t> first(size_t(n_seqs) + 1, 0);  // each sequence's first task
-  int64_t base = 0, group = 0;
-  for (int64_t i = 0; i < n_seqs; ++i) {
-    const AttnArgs& a = seqs[i];
-    if (a.n > 0 && a.nh > 0) base += a.nkv * ceil_div(a.n, std::min<int64_t>(a.n, 16));
-    group = std::max(group, a.nkv > 0 ? a.nh / a.nkv : 0);
-  }
-  if (base == 0) return;
-  int64_t hsplit = 1;
-  while (base * hsplit < threads && hsplit < group) ++hsplit;
+  // Tasks: (sequence, KV head, block of up to 16 tokens, slice of the group's heads, key split),
+  // all sequences in one region: a decode batch's sequences are one token each, and a region per
+  // sequence costs more in hand-offs than its attention. When that leaves fewer tasks than
+  // threads (decode), keys are split first (flash decoding: each task reads a share of the cache
+  // instead of all of it, merged after the region), then heads (each slice reads the same keys).
+  auto span_of = [](const AttnArgs& a, int64_t& lo, int64_t& hi) {
+    lo = INT64_MAX;
+    hi = -1;
+    for (int64_t t = 0; t < a.n; ++t) {
+      lo = std::min<int64_t>(lo, a.window > 0 ? std::max<int64_t>(0, int64_t(a.pos[t]) - a.window + 1) : 0);
+      hi = std::max<int64_t>(hi, a.pos[t]);
+    }
+  };
+  struct Plan {
+    int64_t tb = 1, ntb = 0, group = 1, split0 = 0, nsplit = 1, hs = 1, nslice = 1, first = 0;
+    float* part = nullptr;
+  };
+  std::vector<Plan> plans(static_cast<size_t>(n_seqs));
+  int64_t base = 0, max_group = 1;
   double flops = 0;
   for (int64_t i = 0; i < n_seqs; ++i) {
     const AttnArgs& a = seqs[i];
-    int64_t tasks = 0;
-    if (a.n > 0 && a.nh > 0) {
-      const int64_t g = a.nh / a.nkv, hs = ceil_div(g, std::min(hsplit, g));
-      tasks = a.nkv * ceil_div(a.n, std::min<int64_t>(a.n, 16)) * ceil_div(g, hs);
-      const int64_t span = a.window > 0 ? std::min<int64_t>(a.window, int64_t(a.pos[a.n - 1]) + 1)
-                                        : int64_t(a.pos[a.n - 1]) + 1;
-      flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(span, 1)) * double(a.hd);
-    }
-    first[size_t(i) + 1] = first[size_t(i)] + tasks;
+    Plan& pl = plans[size_t(i)];
+    if (a.n <= 0 || a.nh <= 0) continue;
+    pl.tb = std::min<int64_t>(a.n, 16);
+    pl.ntb = ceil_div(a.n, pl.tb);
+    pl.group = a.nh / a.nkv;
+    max_group = std::max(max_group, pl.group);
+    base += a.nkv * pl.ntb;
+    int64_t lo, hi;
+    span_of(a, lo, hi);
+    flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(hi - lo + 1, 1)) * double(a.hd);
   }
-  const int64_t tasks = first.back();
+  if (base == 0) return;
+  const bool split_keys = base < threads && K.attn_merge != nullptr;
+  int64_t tasks = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const AttnArgs& a = seqs[i];
+    Plan& pl = plans[size_t(i)];
+    if (pl.ntb == 0) continue;
+    if (split_keys) {
+      int64_t lo, hi;
+      span_of(a, lo, hi);
+      pl.split0 = lo / kAttnSplit * kAttnSplit;
+      pl.nsplit = hi / kAttnSplit - lo / kAttnSplit + 1;
+    }
+    tasks += a.nkv * pl.ntb * pl.nsplit;
+  }
+  int64_t hsplit = 1;
+  while (tasks * hsplit < threads && hsplit < max_group) ++hsplit;
+  thread_local std::vector<float> parts;  // split partials of the sequences that have several
+  size_t part_floats = 0;
+  tasks = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const AttnArgs& a = seqs[i];
+    Plan& pl = plans[size_t(i)];
+    pl.first = tasks;
+    if (pl.ntb == 0) continue;
+    pl.hs = ceil_div(pl.group, std::min(hsplit, pl.group));
+    pl.nslice = ceil_div(pl.group, pl.hs);
+    tasks += a.nkv * pl.ntb * pl.nslice * pl.nsplit;
+    if (pl.nsplit > 1) part_floats += size_t(pl.nsplit * a.n * a.nh * (a.hd + 2));
+  }
+  parts.resize(part_floats);
+  for (size_t off = 0, i = 0; i < size_t(n_seqs); ++i)
+    if (plans[i].nsplit > 1) {
+      plans[i].part = parts.data() + off;
+      off += size_t(plans[i].nsplit * seqs[i].n * seqs[i].nh * (seqs[i].hd + 2));
+    }
   const int64_t grain = std::max<int64_t>(1, int64_t(2e5 / (flops / double(tasks))));
   pool.parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
-    int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
+    size_t i = 0;
     for (int64_t task = b; task < e; ++task) {
-      while (task >= first[size_t(i) + 1]) ++i;
-      const AttnArgs& a = seqs[i];
-      const int64_t group_i = a.nh / a.nkv, tb = std::min<int64_t>(a.n, 16), ntb = ceil_div(a.n, tb);
-      const int64_t hs = ceil_div(group_i, std::min(hsplit, group_i)), nsplit = ceil_div(group_i, hs);
-      const int64_t local = task - first[size_t(i)];
-      const int64_t g = local / (ntb * nsplit), rest = local % (ntb * nsplit);
-      const int64_t t0 = (rest / nsplit) * tb, t1 = std::min(a.n, t0 + tb);
-      const int64_t h0 = g * group_i + (rest % nsplit) * hs, h1 = std::min(h0 + hs, (g + 1) * group_i);
+      while (i + 1 < plans.size() && task >= plans[i + 1].first) ++i;  // skips sequences without tasks
+      const Plan& pl = plans[i];
+      AttnArgs a = seqs[i];
+      // task -> (KV head, token block, head slice, key split), split fastest.
+      int64_t local = task - pl.first;
+      const int64_t split = local % pl.nsplit;
+      local /= pl.nsplit;
+      const int64_t slice = local % pl.nslice;
+      local /= pl.nslice;
+      const int64_t blk = local % pl.ntb, g = local / pl.ntb;
+      const int64_t t0 = blk * pl.tb, t1 = std::min(a.n, t0 + pl.tb);
+      const int64_t h0 = g * pl.group + slice * pl.hs, h1 = std::min(h0 + pl.hs, (g + 1) * pl.group);
       if (h0 >= h1) continue;
+      if (pl.nsplit > 1) {
+        a.key_begin = pl.split0 + split * kAttnSplit;
+        a.key_end = a.key_begin + kAttnSplit;
+        a.part = pl.part + size_t(split * a.n * a.nh * (a.hd + 2));
+      }
       float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
     }
   });
+  for (size_t i = 0; i < size_t(n_seqs); ++i) {
+    const Plan& pl = plans[i];
+    if (pl.nsplit <= 1) continue;
+    const AttnArgs& a = seqs[i];
+    const size_t stride = size_t(a.n * a.nh * (a.hd + 2));
+    for (int64_t r = 0; r < a.n * a.nh; ++r)
+      K.attn_merge(pl.part + size_t(r * (a.hd + 2)), pl.nsplit, stride, a.hd, a.out + r * a.hd);
+  }
 }
 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
