@@ -11,7 +11,9 @@
 # AMX is compiled out (-mno-amx-*; the AVX-512/VNNI kernels and the Q4_K 8x8 repack stay): with
 # g++ 12 the AMX matmul of llama.cpp 0c1e57098 dies with SIGSEGV at its first ldtilecfg on dev-2c
 # (upstream issue ggml-org/llama.cpp#20824, fix proposed in PR #26954). PEER_AMX=1 keeps it.
-# Env: LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the sdist (default: newest); JOBS (default: nproc).
+# Env: LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the sdist (default: newest); JOBS (default: nproc);
+# PEER_MARCH=sapphirerapids builds for that CPU instead of this one (GGML_NATIVE=OFF, -march=...),
+# e.g. on the AVX2 dev machine for the device host's AVX-512 Xeon (the binary is then carried there).
 # llama-cli is not built: in this llama.cpp it needs LLAMA_BUILD_SERVER (server + web UI);
 # llama-completion is the plain prompt -> text tool.
 set -euo pipefail
@@ -43,9 +45,16 @@ noamx=()
 [ "${PEER_AMX:-0}" = 1 ] || noamx=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
                                   "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 command -v ninja >/dev/null && generator=(-G Ninja)
+native=ON
+if [ -n "${PEER_MARCH:-}" ]; then
+  native=OFF
+  march="-march=$PEER_MARCH -mtune=$PEER_MARCH"
+  [ "${PEER_AMX:-0}" = 1 ] || march="$march -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  noamx=("-DCMAKE_C_FLAGS=$march" "-DCMAKE_CXX_FLAGS=$march")
+fi
 cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DGGML_CPU=ON \
+  -DGGML_NATIVE=$native -DGGML_OPENMP=ON -DGGML_CPU=ON \
   -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
   -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
