@@ -447,7 +447,10 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(hi - lo + 1, 1)) * double(a.hd);
   }
   if (base == 0) return;
-  const bool split_keys = base < threads && K.attn_merge != nullptr;
+  // Split tasks only for a few tokens per sequence (decode, a short verification block): their
+  // partials take nsplit x tokens x heads x (hd + 2) floats, 17 MB for one token at 128k keys.
+  bool split_keys = base < threads && K.attn_merge != nullptr;
+  for (int64_t i = 0; i < n_seqs && split_keys; ++i) split_keys = seqs[i].n <= 4;
   int64_t tasks = 0;
   for (int64_t i = 0; i < n_seqs; ++i) {
     const AttnArgs& a = seqs[i];
