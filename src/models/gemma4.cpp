@@ -4,6 +4,7 @@
 // than a second copy of this file. Shapes in comments: n = tokens in the batch, H = hidden size,
 // nh/nkv = query/KV heads, hd = the layer's head dim, P = per-layer-embedding width, L = layers.
 // Reference: transformers 5.17.0 modeling_gemma4.py; ../shared/docs/gemma4-text.md §2.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -253,14 +254,24 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
 
   Tensor h = be_.scratch(DType::F32, {n, H});
   be_.rms_norm(x, &w.pre_ffn_norm, eps, add1, h);
-  Tensor g = be_.scratch(DType::F32, {n, F}), u = be_.scratch(DType::F32, {n, F});
-  be_.matmuls(h, {&w.gate_proj, &w.up_proj}, {&g, &u});
-  be_.gelu_tanh_mul(g, u, g);
-  // Activations die as soon as they are used: a prefill's peak memory is one FFN's working set.
-  u = Tensor();
-  h = Tensor();
   Tensor m = be_.scratch(DType::F32, {n, H});
-  be_.matmul(g, w.down_proj, m);
+  // The [n, F] gate and up outputs are a prefill's largest activations, so a prompt of more than
+  // kFfnRows tokens runs the FFN in equal stretches of at most that many: peak memory is one
+  // stretch's working set. Stretches of over kFfnRows / 2 tokens take the kernel path the whole
+  // prompt would, and on a given path a token's result does not depend on the batch, so no
+  // number changes.
+  constexpr int64_t kFfnRows = 256;
+  const int64_t n_stretches = (n + kFfnRows - 1) / kFfnRows, stretch = (n + n_stretches - 1) / n_stretches;
+  for (int64_t r0 = 0; r0 < n; r0 += stretch) {
+    const int64_t rows = std::min(stretch, n - r0);
+    Tensor hr = h.slice_rows(r0, rows), mr = m.slice_rows(r0, rows);
+    Tensor g = be_.scratch(DType::F32, {rows, F}), u = be_.scratch(DType::F32, {rows, F});
+    be_.matmuls(hr, {&w.gate_proj, &w.up_proj}, {&g, &u});
+    be_.gelu_tanh_mul(g, u, g);
+    u = Tensor();  // activations die as soon as they are used
+    be_.matmul(g, w.down_proj, mr);
+  }
+  h = Tensor();
 
   if (cfg_.moe) {
     // Dense branch and routed experts both read the residual stream x (post-attention).
