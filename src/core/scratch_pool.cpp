@@ -1,17 +1,16 @@
 #include "core/scratch_pool.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
+#include "core/env_flag.h"
 #include "core/error.h"
 
 namespace mb {
 
 namespace {
 
-std::atomic<int> g_poison{-1};  // -1: not read from the environment yet
+EnvFlag g_poison("MARKBASE_POISON_SCRATCH", "1");
 
 // Sizes are rounded so that near-equal requests (a prompt's last, shorter chunk) share blocks.
 size_t capacity_for(size_t bytes) {
@@ -22,17 +21,9 @@ size_t capacity_for(size_t bytes) {
 
 }  // namespace
 
-bool ScratchPool::poison() {
-  int v = g_poison.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* env = std::getenv("MARKBASE_POISON_SCRATCH");
-    v = env && std::string(env) == "1" ? 1 : 0;
-    g_poison.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool ScratchPool::poison() { return g_poison.get(); }
 
-void ScratchPool::set_poison(bool on) { g_poison.store(on ? 1 : 0, std::memory_order_relaxed); }
+void ScratchPool::set_poison(bool on) { g_poison.set(on); }
 
 ScratchPool::ScratchPool(size_t max_cached_bytes) : state_(std::make_shared<State>()) {
   state_->max_cached = max_cached_bytes;

@@ -427,7 +427,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     }
   };
   struct Plan {
-    int64_t tb = 1, ntb = 0, group = 1, split0 = 0, nsplit = 1, hs = 1, nslice = 1, first = 0;
+    int64_t tb = 1, ntb = 0, group = 1, lo = 0, hi = -1, split0 = 0, nsplit = 1, hs = 1, nslice = 1, first = 0;
     float* part = nullptr;
   };
   std::vector<Plan> plans(static_cast<size_t>(n_seqs));
@@ -442,9 +442,8 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     pl.group = a.nh / a.nkv;
     max_group = std::max(max_group, pl.group);
     base += a.nkv * pl.ntb;
-    int64_t lo, hi;
-    span_of(a, lo, hi);
-    flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(hi - lo + 1, 1)) * double(a.hd);
+    span_of(a, pl.lo, pl.hi);
+    flops += 4.0 * double(a.n) * double(a.nh) * double(std::max<int64_t>(pl.hi - pl.lo + 1, 1)) * double(a.hd);
   }
   if (base == 0) return;
   // Split tasks only for a few tokens per sequence (decode, a short verification block): their
@@ -457,10 +456,8 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     Plan& pl = plans[size_t(i)];
     if (pl.ntb == 0) continue;
     if (split_keys) {
-      int64_t lo, hi;
-      span_of(a, lo, hi);
-      pl.split0 = lo / kAttnSplit * kAttnSplit;
-      pl.nsplit = hi / kAttnSplit - lo / kAttnSplit + 1;
+      pl.split0 = pl.lo / kAttnSplit * kAttnSplit;
+      pl.nsplit = pl.hi / kAttnSplit - pl.lo / kAttnSplit + 1;
     }
     tasks += a.nkv * pl.ntb * pl.nsplit;
   }

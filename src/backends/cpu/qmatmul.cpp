@@ -1,13 +1,13 @@
 #include "backends/cpu/qmatmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "core/env_flag.h"
 #include "core/error.h"
 #include "core/mmap.h"
 #include "core/quant.h"
@@ -163,7 +163,7 @@ BlockScale block_scale(const QPacked& w, const uint8_t* su, int r, int blk, int 
   }
 }
 
-std::atomic<int> g_exact{-1};
+EnvFlag g_exact("MARKBASE_QUANT_MATMUL", "exact");
 
 }  // namespace
 
@@ -299,21 +299,9 @@ void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_
       }
 }
 
-bool quant_matmul_exact() {
-  int v = g_exact.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* env = std::getenv("MARKBASE_QUANT_MATMUL");
-    v = env && std::string(env) == "exact" ? 1 : 0;
-    g_exact.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool quant_matmul_exact() { return g_exact.get(); }
 
-bool set_quant_matmul_exact(bool exact) {
-  const bool prev = quant_matmul_exact();
-  g_exact.store(exact ? 1 : 0, std::memory_order_relaxed);
-  return prev;
-}
+bool set_quant_matmul_exact(bool exact) { return g_exact.set(exact); }
 
 QMatmulFn qmatmul_kernel() {
   if (quant_matmul_exact()) return nullptr;
