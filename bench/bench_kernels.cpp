@@ -278,7 +278,7 @@ bool register_all() {
               ->UseRealTime()->Unit(benchmark::kMillisecond);
       }
     struct A { const char* name; int64_t n, ctx; int window; };
-    for (A c : {A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},
+    for (A c : {A{"decode_ctx64", 1, 64, 0}, A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},
                 A{"prefill512", 512, 512, 0}, A{"prefill512_ring512", 512, 1024, 512}})
       benchmark::RegisterBenchmark(("Attention/" + in + "/" + c.name).c_str(),
                                    [=](benchmark::State& s) { Attention(s, isa, c.n, c.ctx, c.window); })

@@ -696,4 +696,39 @@ TEST(BackendFusedOps, EqualTheSingleOpsTheyReplace) {
     }
 }
 
+
+// The CPU backend keeps the cos/sin tables of recent rotations: a call whose positions or
+// frequencies changed in place (same pointers) must not reuse them. Each result equals that of a
+// fresh backend, which has nothing kept.
+TEST(BackendRope, KeptAnglesFollowChangedPositionsAndFrequencies) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(10);
+  const int64_t n = 3, heads = 2, hd = 32;
+  std::vector<int32_t> pos = {0, 5, 9};
+  std::vector<float> inv_freq(size_t(hd / 2));
+  for (int64_t j = 0; j < hd / 2; ++j) inv_freq[size_t(j)] = j % 5 == 4 ? 0.f : std::pow(10000.f, -float(2 * j) / float(hd));
+  auto x0 = randn(size_t(n * heads * hd), rng, 1.f);
+  auto rotated = [&](mb::Backend& b) {
+    mb::Tensor x = mb::host_tensor(DType::F32, {n, heads, hd});
+    std::copy(x0.begin(), x0.end(), x.f32());
+    b.rope(x, pos.data(), inv_freq.data());
+    return std::vector<float>(x.f32(), x.f32() + x.numel());
+  };
+  auto expect_fresh = [&](const char* what) {
+    auto fresh = mb::make_cpu_backend();
+    const auto got = rotated(*be), want = rotated(*fresh);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " at " << i;
+    for (int64_t j = 0; j < hd / 2; ++j)
+      if (inv_freq[size_t(j)] == 0.f) ASSERT_EQ(got[size_t(hd + j)], x0[size_t(hd + j)]) << "unrotated pair " << j;
+  };
+  expect_fresh("first call");
+  expect_fresh("same positions again");
+  pos[1] = 6;
+  expect_fresh("a position changed in place");
+  inv_freq[3] *= 0.5f;
+  expect_fresh("a frequency changed in place");
+  pos = {0, 5, 9};
+  expect_fresh("back to the first positions");
+}
+
 }  // namespace

@@ -13,6 +13,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
 
@@ -342,6 +343,51 @@ TEST(QMatmul, FusedMatmulsEqualSeparateOnes) {
   be->matmuls(x, {&ws[0], &ws[1], &ws[2]}, {&fused[0], &fused[1], &fused[2]});
   for (size_t i = 0; i < ws.size(); ++i)
     for (int64_t j = 0; j < fused[i].numel(); ++j) ASSERT_EQ(fused[i].f32()[j], alone[i].f32()[j]) << i << " " << j;
+}
+
+
+// The gated FFN in one region (the activation applied per task) gives the numbers of the two
+// matmuls followed by one activation pass, on every kernel path this CPU runs.
+TEST(QMatmul, FusedGatedFfnEqualsMatmulsThenActivation) {
+  std::mt19937 rng(12);
+  auto be = mb::make_cpu_backend();
+  const int64_t k = 512, m = 40;  // 3 row groups, the last one partial
+  for (auto [tg, tu] : {std::pair{DType::Q4_0, DType::Q4_0}, {DType::Q8_0, DType::Q8_0}, {DType::Q4_K, DType::Q6_K}}) {
+    QuantMatrix qg = make_matrix(tg, m, k, rng), qu = make_matrix(tu, m, k, rng);
+    auto weight = [&](DType t, QuantMatrix& q) {
+      mb::Tensor src;
+      src.dtype = t;
+      src.shape = {m, k};
+      src.data = q.bytes.data();
+      return be->prepare_weight(src, t);
+    };
+    for (mb::cpu::Isa isa : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512}) {
+      mb::cpu::Isa prev;
+      try {
+        prev = mb::cpu::set_isa(isa);
+      } catch (const mb::Error&) {
+        continue;  // not on this CPU
+      }
+      // Packed only when an integer kernel runs on this path, as at load.
+      mb::Tensor wg = weight(tg, qg), wu = weight(tu, qu);
+      for (int64_t n : {1, 3, 20}) {
+        auto xv = make_x(n + 1, k, rng);  // without its all-zero token 0 (whose outputs are 0)
+        mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
+        std::copy(xv.begin() + k, xv.end(), x.f32());
+        mb::Tensor fused = mb::host_tensor(DType::F32, {n, m}), apart = mb::host_tensor(DType::F32, {n, m});
+        be->matmul_gelu_mul(x, wg, wu, fused);
+        be->mb::Backend::matmul_gelu_mul(x, wg, wu, apart);
+        int nonzero = 0;
+        for (int64_t j = 0; j < fused.numel(); ++j) {
+          ASSERT_EQ(fused.f32()[j], apart.f32()[j]) << mb::cpu::isa_name(isa) << " n=" << n << " at " << j;
+          ASSERT_TRUE(std::isfinite(fused.f32()[j]));
+          nonzero += fused.f32()[j] != 0.f;
+        }
+        EXPECT_GT(nonzero, fused.numel() / 4);  // not a trivially equal pair of zero outputs
+      }
+      mb::cpu::set_isa(prev);
+    }
+  }
 }
 
 }  // namespace

@@ -54,6 +54,14 @@ class Backend {
   virtual void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {
     for (size_t i = 0; i < ws.size(); ++i) matmul(x, *ws[i], *ys[i]);
   }
+  // out = gelu_tanh(x · w_gateᵀ) * (x · w_upᵀ): a gated FFN's two projections and its activation,
+  // which a backend may run as one pass (the activation applied to each block of outputs as it is
+  // computed). out must not alias x.
+  virtual void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) {
+    Tensor up = scratch(out.dtype, out.shape);
+    matmuls(x, {&w_gate, &w_up}, {&out, &up});
+    gelu_tanh_mul(out, up, out);
+  }
   // out[i] = table[ids[i]] * scale, converted to f32.
   virtual void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) = 0;
   // Normalises each row of the last dim: y = x * (mean(x²) + eps)^-1/2 * (w or 1), w taken as (1 + w)

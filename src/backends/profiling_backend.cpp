@@ -56,6 +56,11 @@ void ProfilingBackend::matmuls(const Tensor& x, const std::vector<const Tensor*>
         [&] { in_.matmuls(x, ws, ys); });
 }
 
+void ProfilingBackend::matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) {
+  timed(Key{"matmul_gelu_mul", w_gate.rows(), w_gate.cols(), int(w_gate.dtype), 2},
+        double(w_gate.nbytes() + w_up.nbytes()), [&] { in_.matmul_gelu_mul(x, w_gate, w_up, out); });
+}
+
 void ProfilingBackend::embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) {
   timed("embed", [&] { in_.embed(table, ids, n, scale, out); });
 }

@@ -265,10 +265,8 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   for (int64_t r0 = 0; r0 < n; r0 += stretch) {
     const int64_t rows = std::min(stretch, n - r0);
     Tensor hr = h.slice_rows(r0, rows), mr = m.slice_rows(r0, rows);
-    Tensor g = be_.scratch(DType::F32, {rows, F}), u = be_.scratch(DType::F32, {rows, F});
-    be_.matmuls(hr, {&w.gate_proj, &w.up_proj}, {&g, &u});
-    be_.gelu_tanh_mul(g, u, g);
-    u = Tensor();  // activations die as soon as they are used
+    Tensor g = be_.scratch(DType::F32, {rows, F});
+    be_.matmul_gelu_mul(hr, w.gate_proj, w.up_proj, g);
     be_.matmul(g, w.down_proj, mr);
   }
   h = Tensor();

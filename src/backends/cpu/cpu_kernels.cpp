@@ -482,7 +482,10 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
       plans[i].part = parts.data() + off;
       off += size_t(plans[i].nsplit * seqs[i].n * seqs[i].nh * (seqs[i].hd + 2));
     }
-  const int64_t grain = std::max<int64_t>(1, int64_t(2e5 / (flops / double(tasks))));
+  // Tasks are merged into chunks of >= 2e5 flops only when there are plenty of them: a decode
+  // call's few tasks (one head slice of a short context each) would otherwise land on two or three
+  // threads, each also transposing the same keys once per task it was given.
+  const int64_t grain = tasks <= 4 * threads ? 1 : std::max<int64_t>(1, int64_t(2e5 / (flops / double(tasks))));
   pool.parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
     size_t i = 0;

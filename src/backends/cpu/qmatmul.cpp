@@ -315,6 +315,15 @@ QMatmulFn qmatmul_kernel() {
 
 namespace {
 
+// Groups per task for `groups` row groups holding `bytes` of weights in all, n tokens: chunks of
+// at least ~64 KB of weights x tokens, but never fewer chunks than threads while there are
+// groups (64 KB alone left 12 of 16 cores idle on the 221 KB per-layer-embedding gate).
+int64_t group_grain(int64_t bytes, int64_t groups, int64_t n) {
+  const int64_t work = bytes / std::max<int64_t>(1, groups) * std::min<int64_t>(n, 16);
+  const int64_t threads = ThreadPool::global().size();
+  return std::max<int64_t>(1, std::min((int64_t(1) << 16) / std::max<int64_t>(1, work), groups / std::max<int64_t>(1, threads)));
+}
+
 // ys[i] (rows ldys[i] apart) = x · ws[i]ᵀ: x quantized once, all matrices' groups one region of
 // tasks worth at least ~64 KB of weights x tokens each.
 void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
@@ -331,13 +340,7 @@ void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const floa
     bytes += int64_t(ws[i]->bytes());
   }
   const int64_t total = first.back();
-  const int64_t work = bytes / std::max<int64_t>(1, total) * std::min<int64_t>(n, 16);
-  // Chunks of at least ~64 KB of weights x tokens, but never fewer chunks than threads while
-  // there are groups: 64 KB alone left 12 of 16 cores idle on the 221 KB per-layer-embedding gate.
-  const int64_t threads = ThreadPool::global().size();
-  const int64_t grain = std::max<int64_t>(
-      1, std::min((int64_t(1) << 16) / std::max<int64_t>(1, work), total / std::max<int64_t>(1, threads)));
-  ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
+  ThreadPool::global().parallel_for(total, group_grain(bytes, total, n), [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < ws.size() && b < e; ++i) {
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
       if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
@@ -349,6 +352,25 @@ void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const floa
 
 void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
   run_matmuls(fn, {&w}, x, ldx, n, {y}, {ldy});
+}
+
+void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, const float* x, int64_t ldx, int64_t n,
+                      float* out, float* u) {
+  MB_CHECK(gate.m == up.m && gate.k == up.k, "qmatmul: gate {}x{} and up {}x{} differ", gate.m, gate.k, up.m, up.k);
+  thread_local QActs caller_acts;
+  QActs& acts = caller_acts;
+  quantize_acts(x, ldx, n, gate.k, acts);
+  const KernelTable& K = kernels();
+  const int64_t m = gate.m, groups = gate.groups;
+  ThreadPool::global().parallel_for(groups, group_grain(int64_t(gate.bytes() + up.bytes()), groups, n),
+                                    [&](int64_t b, int64_t e) {
+    fn(gate, acts, out, m, b, e, 0, n);
+    fn(up, acts, u, m, b, e, 0, n);
+    // The activation is elementwise with its tail on the same vector path, so applying it per
+    // task gives the bits of one pass over the whole output.
+    const int64_t r0 = b * kQRows, r1 = std::min(m, e * kQRows);
+    for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
+  });
 }
 
 void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,

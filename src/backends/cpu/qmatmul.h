@@ -127,6 +127,12 @@ void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_
 void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
                   const std::vector<float*>& ys);
 
+// out[n, m] = gelu_tanh(x · gateᵀ) * (x · upᵀ) for gate and up of the same shape: one region whose
+// tasks compute the same row groups of both and apply the activation to them while they are in
+// cache (a gated FFN without a separate activation pass). u: n x m floats of scratch.
+void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, const float* x, int64_t ldx, int64_t n,
+                      float* out, float* u);
+
 // Calls f(std::integral_constant<DType, t>) for the packed types; false for any other.
 template <class F> bool with_packed_type(DType t, F&& f) {
   switch (t) {
