@@ -2,7 +2,8 @@
 // threads of the global pool:
 //   Gemv/<isa>/<dtype>/n:<tokens>  decode matmul on 8192 x 2048 weights; bytes_per_second counts
 //                                  weight bytes, `of_membw` is that over the read bandwidth
-//                                  measured by MemBw (1 GiB sum, as `markbase bench --membw`)
+//                                  measured as `markbase bench --membw` does (MemBw/plain and
+//                                  MemBw/prefetch: its two read loops over 1 GiB)
 //   Gemm/<isa>/<dtype>/n:<tokens>  prefill matmul 6144 x 1536; GFLOPS = 2 n k m per second
 //   Gemm/avx512-amx/BF16/...       the same bf16 matmuls on AMX tiles (where the CPU runs them);
 //                                  Gemm/avx512/BF16 is the f32 GEMM with AMX turned off
@@ -80,18 +81,9 @@ const float* membw_buffer() {
   return reinterpret_cast<const float*>(mem.get());
 }
 
-void MemBw(benchmark::State& state) {
+void MemBw(benchmark::State& state, bool prefetch) {
   const float* buf = membw_buffer();
-  auto& pool = mb::ThreadPool::global();
-  const int64_t n = int64_t(kRotateBytes / 4);
-  std::vector<float> sinks(size_t(pool.size()) * 16);
-  for (auto _ : state) {
-    pool.run_on_all([&](int t, int nt) {
-      const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf + b, e - b);
-    });
-    benchmark::DoNotOptimize(sinks.data());
-  }
+  for (auto _ : state) state.SetIterationTime(mb::cpu::read_pass_seconds(buf, int64_t(kRotateBytes / 4), prefetch));
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kRotateBytes));
 }
 
@@ -250,7 +242,10 @@ void PoolRegion(benchmark::State& state, int64_t chunks, int64_t work_ns) {
 }
 
 bool register_all() {
-  benchmark::RegisterBenchmark("MemBw", MemBw)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+  for (bool prefetch : {false, true})
+    benchmark::RegisterBenchmark(prefetch ? "MemBw/prefetch" : "MemBw/plain",
+                                 [=](benchmark::State& s) { MemBw(s, prefetch); })
+        ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
   for (int64_t chunks : {int64_t(4), int64_t(mb::ThreadPool::global().size()) * 8})
     for (int64_t ns : {0, 1000})
       benchmark::RegisterBenchmark(("PoolRegion/chunks:" + std::to_string(chunks) + "/work_ns:" + std::to_string(ns)).c_str(),
@@ -306,23 +301,10 @@ bool register_all() {
   return true;
 }
 
-// Read bandwidth for `of_membw`, measured once, at the first GEMV entry (the best of 5 passes, like
-// `markbase bench --membw`).
+// Read bandwidth for `of_membw`, measured once, at the first GEMV entry, as `markbase bench
+// --membw` measures it.
 bool measure_membw() {
-  auto& pool = mb::ThreadPool::global();
-  const float* buf = membw_buffer();
-  const int64_t n = int64_t(kRotateBytes / 4);
-  std::vector<float> sinks(size_t(pool.size()) * 16);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    pool.run_on_all([&](int t, int nt) {
-      const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = mb::cpu::sum_f32(buf + b, e - b);
-    });
-    best = std::max(best, double(kRotateBytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  g_membw_bytes_per_s = best;
+  g_membw_bytes_per_s = mb::cpu::read_bandwidth(membw_buffer(), int64_t(kRotateBytes / 4));
   return true;
 }
 

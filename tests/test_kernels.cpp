@@ -718,8 +718,16 @@ TEST(BackendRope, KeptAnglesFollowChangedPositionsAndFrequencies) {
     auto fresh = mb::make_cpu_backend();
     const auto got = rotated(*be), want = rotated(*fresh);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " at " << i;
-    for (int64_t j = 0; j < hd / 2; ++j)
-      if (inv_freq[size_t(j)] == 0.f) ASSERT_EQ(got[size_t(hd + j)], x0[size_t(hd + j)]) << "unrotated pair " << j;
+    const size_t t1 = size_t(heads * hd);  // token 1, head 0: a position other than 0
+    for (int64_t j = 0; j < hd / 2; ++j) {
+      const size_t a = t1 + size_t(j), b = a + size_t(hd / 2);
+      if (inv_freq[size_t(j)] == 0.f) {
+        ASSERT_EQ(got[a], x0[a]) << "unrotated pair " << j;
+        ASSERT_EQ(got[b], x0[b]) << "unrotated pair " << j;
+      } else {
+        ASSERT_NE(got[a], x0[a]) << "rotated pair " << j;
+      }
+    }
   };
   expect_fresh("first call");
   expect_fresh("same positions again");

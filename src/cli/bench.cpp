@@ -43,28 +43,17 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Read bandwidth of a buffer much larger than the caches, all threads, best of several passes.
+// Read bandwidth of a buffer much larger than the caches (cpu::read_bandwidth).
 double measure_read_bandwidth_gbs(size_t bytes = size_t(1) << 30) {
   // Allocated like the packed weights (huge pages where offered), so the floor is what the
   // weights' own memory can deliver.
   std::shared_ptr<uint8_t> mem = alloc_streamed(bytes);
   float* buf = reinterpret_cast<float*>(mem.get());
-  auto& pool = ThreadPool::global();
   const int64_t n = int64_t(bytes / 4);
-  pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
+  ThreadPool::global().parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) buf[i] = float(i & 7);
   });
-  double best = 0;
-  std::vector<float> sinks(size_t(pool.size()) * 16);
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = Clock::now();
-    pool.run_on_all([&](int t, int nt) {
-      const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
-      sinks[size_t(t) * 16] = cpu::sum_f32(buf + b, e - b);
-    });
-    best = std::max(best, double(bytes) / since(t0) / 1e9);
-  }
-  return best;
+  return cpu::read_bandwidth(buf, n) / 1e9;
 }
 
 // --profile: the profiler's op times of one phase (prefill or decode) summed over the reps.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -535,6 +536,33 @@ float dot_f32(const float* a, const float* b, int64_t n) { return kernels().dot(
 void to_f32(DType dtype, const void* src, float* dst, int64_t n) { kernels().to_f32(wtype(dtype), src, dst, n); }
 void axpy(float a, const float* x, float* y, int64_t n) { kernels().axpy(a, x, y, n); }
 float sum_f32(const float* x, int64_t n) { return kernels().sum(x, n); }
+
+double read_pass_seconds(const float* x, int64_t n, bool prefetch) {
+  ThreadPool& pool = ThreadPool::global();
+  std::vector<float> sinks(size_t(pool.size()) * 16);  // a cache line apart
+  constexpr int64_t kPiece = 1024, kAhead = 512;        // floats: 4 KB a call, 2 KB ahead
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.run_on_all([&](int t, int nt) {
+    const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
+    float acc = 0.f;
+    if (!prefetch) acc = sum_f32(x + b, e - b);
+    for (int64_t i = b; prefetch && i < e; i += kPiece) {
+      for (int64_t j = 0; j < kPiece; j += 16) __builtin_prefetch(x + std::min(e - 1, i + kAhead + j));
+      acc += sum_f32(x + i, std::min(kPiece, e - i));
+    }
+    sinks[size_t(t) * 16] = acc;
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float keep = sinks[0];
+  (void)keep;
+  return s;
+}
+
+double read_bandwidth(const float* x, int64_t n, int passes) {
+  double best = 0;
+  for (int rep = 0; rep < 2 * passes; ++rep) best = std::max(best, double(n) * 4.0 / read_pass_seconds(x, n, rep % 2 == 1));
+  return best;
+}
 float gelu_tanh(float x) { return gelu_tanh_scalar(x); }
 
 void softcap(float* x, int64_t n, float cap) {
