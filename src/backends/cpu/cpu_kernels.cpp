@@ -558,10 +558,12 @@ double read_pass_seconds(const float* x, int64_t n, bool prefetch) {
   return s;
 }
 
-double read_bandwidth(const float* x, int64_t n, int passes) {
-  double best = 0;
-  for (int rep = 0; rep < 2 * passes; ++rep) best = std::max(best, double(n) * 4.0 / read_pass_seconds(x, n, rep % 2 == 1));
-  return best;
+ReadBandwidth read_bandwidth(const float* x, int64_t n, int passes) {
+  std::vector<double> rates;
+  for (int rep = 0; rep < 2 * passes; ++rep) rates.push_back(double(n) * 4.0 / read_pass_seconds(x, n, rep % 2 == 1));
+  std::sort(rates.begin(), rates.end());
+  const size_t h = rates.size() / 2;
+  return {rates.back(), rates.size() % 2 ? rates[h] : (rates[h - 1] + rates[h]) / 2};
 }
 float gelu_tanh(float x) { return gelu_tanh_scalar(x); }
 

@@ -83,8 +83,14 @@ float sum_f32(const float* x, int64_t n);
 // ahead, as the matmul kernels do; read_bandwidth: bytes/s of the best of `passes` passes of
 // each loop. Either loop alone can read less than decode streams (the plain sum on a 16-core
 // Xeon: 97-102 GB/s in minutes when Q8_0 decode streamed 108, the prefetching one 113-120).
+// On a machine shared with others the best pass catches moments the neighbours leave the memory
+// alone (a 16-core Xeon: passes of 98 to 161 GB/s within a minute), so the median of all the
+// passes comes with it.
+struct ReadBandwidth {
+  double best = 0, median = 0;  // bytes/s
+};
 double read_pass_seconds(const float* x, int64_t n, bool prefetch);
-double read_bandwidth(const float* x, int64_t n, int passes = 5);
+ReadBandwidth read_bandwidth(const float* x, int64_t n, int passes = 5);
 float gelu_tanh(float x);
 
 // Scalar references.
