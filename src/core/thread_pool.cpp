@@ -78,6 +78,7 @@ ThreadPool::ThreadPool(int n_threads) {
   // The wake count is read here, not in the thread: a thread that starts late must still see the
   // regions (or the shutdown) posted before it ran.
   const uint32_t seen = wake_.load();
+  shares_ = std::vector<Share>(size_t(n_threads));
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, seen] { worker_loop(seen); });
 }
 
@@ -88,11 +89,17 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::work_chunks() {
-  for (;;) {
-    const int64_t b = next_.fetch_add(step_, std::memory_order_relaxed);
-    if (b >= n_) return;
-    (*fn_)(b, std::min(n_, b + step_));
+void ThreadPool::work_chunks(int64_t slot) {
+  for (int64_t k = 0; k < n_shares_; ++k) {
+    Share& sh = shares_[size_t((slot + k) % n_shares_)];
+    // A share already taken is only read, so finished shares cost the others no cache-line
+    // transfers.
+    if (k > 0 && sh.next.load(std::memory_order_relaxed) >= sh.end) continue;
+    for (;;) {
+      const int64_t c = sh.next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= sh.end) break;
+      run_chunk(c);
+    }
   }
 }
 
@@ -115,7 +122,9 @@ void ThreadPool::worker_loop(uint32_t seen) {
         break;
       }
     if (!joined) continue;
-    work_chunks();
+    // The k-th worker to join (c counts those before it) starts on share k; more joiners than
+    // shares cannot happen (max_join_ is at most the shares beyond the caller's).
+    work_chunks(int64_t(c & kActive) + 1);
     c = ctl_.fetch_sub(1, std::memory_order_acq_rel) - 1;
     if ((c & kActive) == 0 && (c & kCallerAsleep)) futex_wake(ctl_, 1);
   }
@@ -125,20 +134,25 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
   fn_ = &fn;
   n_ = n;
   step_ = step;
-  max_join_.store(uint32_t(std::min<int64_t>((n + step - 1) / step - 1, kActive)), std::memory_order_relaxed);
-  next_.store(0, std::memory_order_relaxed);
+  const int64_t chunks = (n + step - 1) / step;
+  n_shares_ = std::min<int64_t>(chunks, int64_t(shares_.size()));
+  for (int64_t s = 0; s < n_shares_; ++s) {
+    shares_[size_t(s)].next.store(s * chunks / n_shares_, std::memory_order_relaxed);
+    shares_[size_t(s)].end = (s + 1) * chunks / n_shares_;
+  }
+  max_join_.store(uint32_t(std::min<int64_t>(n_shares_ - 1, kActive)), std::memory_order_relaxed);
   ctl_.store(kOpen, std::memory_order_release);
   wake_.fetch_add(1);
   if (sleepers_.load() > 0) futex_wake(wake_, INT_MAX);
   tls_in_region = true;
   std::exception_ptr error;
   try {
-    work_chunks();
+    work_chunks(0);
   } catch (...) {
     // Workers may still be inside the region and read its state: stop handing out chunks, wait
     // for them below, then rethrow.
     error = std::current_exception();
-    next_.store(n_, std::memory_order_relaxed);
+    for (int64_t s = 0; s < n_shares_; ++s) shares_[size_t(s)].next.store(shares_[size_t(s)].end, std::memory_order_relaxed);
   }
   tls_in_region = false;
   // Close the region: workers that have not joined yet never will. Wait for those inside.

@@ -56,7 +56,9 @@ class ThreadPool {
  private:
   void worker_loop(uint32_t seen);
   void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn);
-  void work_chunks();
+  // Runs chunks of `slot`'s share, then takes what is left of the others' shares.
+  void work_chunks(int64_t slot);
+  void run_chunk(int64_t chunk) { (*fn_)(chunk * step_, std::min(n_, (chunk + 1) * step_)); }
 
   std::vector<std::thread> workers_;
   std::mutex submit_;  // one region at a time; a second caller runs inline
@@ -68,7 +70,17 @@ class ThreadPool {
   // 4 chunks on 16 cores then wakes 3 workers into it, not 15 that contend for its counters and
   // that the caller must wait out.
   std::atomic<uint32_t> max_join_{0};  // written before the region opens; read by workers joining
-  alignas(64) std::atomic<int64_t> next_{0};
+  // The region's chunks in contiguous shares, one per thread taking part (the caller's is share
+  // 0, the k-th worker to join takes share k), each with its own counter on its own cache line: a
+  // thread takes its own chunks without contention and only then helps with the others' (a
+  // thread that is late or slow is covered). One shared counter cost ~90 ns a chunk on 16 cores,
+  // every thread's fetch_add queueing on one line: an empty region of 128 chunks took 12 us.
+  struct alignas(64) Share {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::vector<Share> shares_;
+  int64_t n_shares_ = 0;
   // Futex word the idle workers wait on; bumped once per region.
   alignas(64) std::atomic<uint32_t> wake_{0};
   std::atomic<int> sleepers_{0};
