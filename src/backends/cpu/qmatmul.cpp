@@ -324,14 +324,20 @@ int64_t group_grain(int64_t bytes, int64_t groups, int64_t n) {
   return std::max<int64_t>(1, std::min((int64_t(1) << 16) / std::max<int64_t>(1, work), groups / std::max<int64_t>(1, threads)));
 }
 
+// x[n, k] quantized into the calling thread's activations, which the region's tasks then read
+// from the workers (a reference, so the tasks do not name a worker's own thread_local).
+const QActs& quantized_on_caller(const float* x, int64_t ldx, int64_t n, int64_t k) {
+  thread_local QActs acts;
+  quantize_acts(x, ldx, n, k, acts);
+  return acts;
+}
+
 // ys[i] (rows ldys[i] apart) = x · ws[i]ᵀ: x quantized once, all matrices' groups one region of
 // tasks worth at least ~64 KB of weights x tokens each.
 void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
                  const std::vector<float*>& ys, const std::vector<int64_t>& ldys) {
   MB_CHECK(!ws.empty() && ws.size() == ys.size(), "qmatmul: {} weights for {} outputs", ws.size(), ys.size());
-  thread_local QActs caller_acts;
-  QActs& acts = caller_acts;  // the lambda below runs on workers: name the caller's instance
-  quantize_acts(x, ldx, n, ws[0]->k, acts);
+  const QActs& acts = quantized_on_caller(x, ldx, n, ws[0]->k);
   std::vector<int64_t> first(ws.size() + 1, 0);  // global index of each matrix's first group
   int64_t bytes = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -357,9 +363,7 @@ void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_
 void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, const float* x, int64_t ldx, int64_t n,
                       float* out, float* u) {
   MB_CHECK(gate.m == up.m && gate.k == up.k, "qmatmul: gate {}x{} and up {}x{} differ", gate.m, gate.k, up.m, up.k);
-  thread_local QActs caller_acts;
-  QActs& acts = caller_acts;
-  quantize_acts(x, ldx, n, gate.k, acts);
+  const QActs& acts = quantized_on_caller(x, ldx, n, gate.k);
   const KernelTable& K = kernels();
   const int64_t m = gate.m, groups = gate.groups;
   ThreadPool::global().parallel_for(groups, group_grain(int64_t(gate.bytes() + up.bytes()), groups, n),
