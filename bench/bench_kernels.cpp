@@ -12,6 +12,8 @@
 //                                  (AVX-512 VNNI or AVX2); bytes are the packed weight bytes
 //   QMatmulInCache/<dtype>/n:<t>   the same kernel on one cache-resident 512 x 2048 matrix, one
 //                                  thread: its arithmetic rate (GMACS) without memory in the way
+//   QMatmul/<dtype>/n:1/<m>x<k>    one decode matmul of an E2B layer's shape, through the pool;
+//                                  QMatmulHot/...: the same matrix each time, from the caches
 //   ParallelFor/<n>                cost of one near-empty region of the thread pool
 // Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
 //
@@ -180,7 +182,7 @@ void QMatmulInCache(benchmark::State& state, DType dt, int64_t n) {
   state.counters["GMACS"] = benchmark::Counter(double(n * m * k) * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
-void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k) {
+void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k, bool rotate = true) {
   [[maybe_unused]] static const bool measured = measure_membw();
   mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_kernel();  // AMX where allowed (MARKBASE_AMX=0: VNNI)
   if (!fn) {
@@ -188,7 +190,7 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k)
     return;
   }
   static std::vector<std::pair<std::string, std::vector<std::shared_ptr<const mb::cpu::QPacked>>>> cache;
-  const std::string key = std::string(mb::dtype_name(dt)) + std::to_string(m) + "x" + std::to_string(k);
+  const std::string key = std::string(mb::dtype_name(dt)) + std::to_string(m) + "x" + std::to_string(k) + (rotate ? "" : "hot");
   std::vector<std::shared_ptr<const mb::cpu::QPacked>>* set = nullptr;
   for (auto& [k2, v] : cache)
     if (k2 == key) set = &v;
@@ -201,7 +203,7 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k)
     cache.emplace_back(key, std::vector<std::shared_ptr<const mb::cpu::QPacked>>{});
     set = &cache.back().second;
     do set->push_back(mb::cpu::qpack(dt, q.data(), m, k));
-    while (set->size() * set->front()->bytes() < kRotateBytes);
+    while (rotate && set->size() * set->front()->bytes() < kRotateBytes);
   }
   mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
   size_t next = 0;
@@ -290,13 +292,16 @@ bool register_all() {
                                    [=](benchmark::State& s) { QMatmulInCache(s, dt, n); })
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
   // Decode (1 token) on the shapes of one synthetic E2B layer: the small K/V and Q matrices show
-  // what each parallel region's start and end cost against its streaming.
-  for (DType dt : {DType::Q8_0, DType::Q4_0})
-    for (auto [m, k] : {std::pair<int64_t, int64_t>{256, 1536}, {2048, 1536}, {1536, 2048}, {6144, 1536}, {1536, 6144}})
-      benchmark::RegisterBenchmark(("QMatmul/" + std::string(mb::dtype_name(dt)) + "/n:1/" + std::to_string(m) + "x" +
-                                    std::to_string(k)).c_str(),
-                                   [=](benchmark::State& s) { QMatmul(s, dt, 1, m, k); })
-          ->UseRealTime()->Unit(benchmark::kMicrosecond);
+  // what each parallel region's start and end cost against its streaming. QMatmulHot reads one
+  // matrix over and over from the cores' caches: its time less ParallelFor's is the activations'
+  // quantization and the arithmetic, and QMatmul's time less it is what memory costs.
+  for (bool hot : {false, true})
+    for (DType dt : {DType::Q8_0, DType::Q4_0})
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{256, 1536}, {2048, 1536}, {1536, 2048}, {6144, 1536}, {1536, 6144}})
+        benchmark::RegisterBenchmark((std::string(hot ? "QMatmulHot/" : "QMatmul/") + std::string(mb::dtype_name(dt)) + "/n:1/" + std::to_string(m) +
+                                      "x" + std::to_string(k)).c_str(),
+                                     [=](benchmark::State& s) { QMatmul(s, dt, 1, m, k, !hot); })
+            ->UseRealTime()->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("ParallelFor", ParallelFor)->Arg(2)->Arg(64)->UseRealTime();
   return true;
 }

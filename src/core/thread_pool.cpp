@@ -74,18 +74,18 @@ int default_threads() {
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = default_threads();
-  n_threads = std::min(n_threads, int(kActive));
-  // The wake count is read here, not in the thread: a thread that starts late must still see the
+  // The region tag is read here, not in the thread: a thread that starts late must still see the
   // regions (or the shutdown) posted before it ran.
-  const uint32_t seen = wake_.load();
+  const uint32_t seen = region_.load();
   shares_ = std::vector<Share>(size_t(n_threads));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, seen] { worker_loop(seen); });
+  slots_ = std::vector<Slot>(size_t(n_threads));
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i, seen] { worker_loop(i, seen); });
 }
 
 ThreadPool::~ThreadPool() {
   stop_.store(true);
-  wake_.fetch_add(1);
-  futex_wake(wake_, INT_MAX);
+  region_.fetch_add(2);  // a change the workers see, and still a closed tag
+  futex_wake(region_, INT_MAX);
   for (auto& t : workers_) t.join();
 }
 
@@ -103,31 +103,41 @@ void ThreadPool::work_chunks(int64_t slot) {
   }
 }
 
-void ThreadPool::worker_loop(uint32_t seen) {
+// Joining is a store-then-load handshake with the caller's closing (both sequentially
+// consistent): the worker publishes `joined = tag`, then checks that the region is still open;
+// the caller closes it, then reads each `joined`. One of the two sees the other's write, so
+// either the caller waits for this worker, or the worker sees the region closed and stays out.
+// A worker that published its tag and then stayed out still marks itself done: the caller may
+// have seen the tag and be waiting.
+void ThreadPool::worker_loop(int64_t slot, uint32_t seen) {
   tls_in_region = true;  // nested regions from inside a chunk run inline
+  Slot& me = slots_[size_t(slot)];
   for (;;) {
-    if (!spin_until([&] { return wake_.load(std::memory_order_acquire) != seen; })) {
+    if (!spin_until([&] { return region_.load(std::memory_order_acquire) != seen; })) {
       sleepers_.fetch_add(1);
-      if (wake_.load() == seen) futex_wait(wake_, seen);
+      if (region_.load() == seen) futex_wait(region_, seen);
       sleepers_.fetch_sub(1);
       continue;
     }
     if (stop_.load()) return;
-    seen = wake_.load(std::memory_order_acquire);
-    uint32_t c = ctl_.load(std::memory_order_acquire);
-    bool joined = false;
-    while ((c & kOpen) && (c & kActive) < max_join_.load(std::memory_order_relaxed))
-      if (ctl_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
-        joined = true;
-        break;
-      }
-    if (!joined) continue;
-    // The k-th worker to join (c counts those before it) starts on share k; more joiners than
-    // shares cannot happen (max_join_ is at most the shares beyond the caller's).
-    work_chunks(int64_t(c & kActive) + 1);
-    c = ctl_.fetch_sub(1, std::memory_order_acq_rel) - 1;
-    if ((c & kActive) == 0 && (c & kCallerAsleep)) futex_wake(ctl_, 1);
+    const uint32_t tag = region_.load(std::memory_order_acquire);
+    seen = tag;
+    if (!(tag & 1u) || slot > max_join_.load(std::memory_order_relaxed)) continue;
+    me.joined.store(tag);
+    if (region_.load() == tag) work_chunks(slot);
+    me.done.store(tag);
+    if (me.caller_waits.load()) futex_wake(me.done, 1);
   }
+}
+
+void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {
+  Slot& s = slots_[size_t(slot)];
+  if (spin_until([&] { return s.done.load(std::memory_order_acquire) == tag; })) return;
+  // The worker lost its core (an oversubscribed machine): sleep until it is done. The flag and
+  // the done tag are the same handshake as joining, so the worker's wake cannot be missed.
+  s.caller_waits.store(1);
+  for (uint32_t d; (d = s.done.load()) != tag;) futex_wait(s.done, d);
+  s.caller_waits.store(0, std::memory_order_relaxed);
 }
 
 void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) {
@@ -140,10 +150,11 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
     shares_[size_t(s)].next.store(s * chunks / n_shares_, std::memory_order_relaxed);
     shares_[size_t(s)].end = (s + 1) * chunks / n_shares_;
   }
-  max_join_.store(uint32_t(std::min<int64_t>(n_shares_ - 1, kActive)), std::memory_order_relaxed);
-  ctl_.store(kOpen, std::memory_order_release);
-  wake_.fetch_add(1);
-  if (sleepers_.load() > 0) futex_wake(wake_, INT_MAX);
+  const int64_t max_join = n_shares_ - 1;
+  max_join_.store(max_join, std::memory_order_relaxed);
+  const uint32_t tag = region_.load(std::memory_order_relaxed) + 1;  // odd: open
+  region_.store(tag);  // publishes the region's state to the workers that load this tag
+  if (sleepers_.load() > 0) futex_wake(region_, INT_MAX);
   tls_in_region = true;
   std::exception_ptr error;
   try {
@@ -156,17 +167,9 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
   }
   tls_in_region = false;
   // Close the region: workers that have not joined yet never will. Wait for those inside.
-  const uint32_t c0 = ctl_.fetch_and(~kOpen, std::memory_order_acq_rel) & ~kOpen;
-  if ((c0 & kActive) != 0 && !spin_until([&] { return (ctl_.load(std::memory_order_acquire) & kActive) == 0; })) {
-    for (;;) {
-      uint32_t c = ctl_.load(std::memory_order_acquire);
-      if ((c & kActive) == 0) break;
-      if (!(c & kCallerAsleep) && !ctl_.compare_exchange_weak(c, c | kCallerAsleep, std::memory_order_acq_rel))
-        continue;
-      futex_wait(ctl_, c | kCallerAsleep);
-    }
-    ctl_.store(0, std::memory_order_relaxed);
-  }
+  region_.store(tag + 1);
+  for (int64_t k = 1; k <= max_join; ++k)
+    if (slots_[size_t(k)].joined.load() == tag) wait_for_worker(k, tag);
   if (error) std::rethrow_exception(error);
 }
 

@@ -54,11 +54,13 @@ class ThreadPool {
   static void set_global_threads(int n);
 
  private:
-  void worker_loop(uint32_t seen);
+  void worker_loop(int64_t slot, uint32_t seen);
   void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn);
   // Runs chunks of `slot`'s share, then takes what is left of the others' shares.
   void work_chunks(int64_t slot);
   void run_chunk(int64_t chunk) { (*fn_)(chunk * step_, std::min(n_, (chunk + 1) * step_)); }
+  // Waits until worker `slot`, which joined the region `tag`, has left it.
+  void wait_for_worker(int64_t slot, uint32_t tag);
 
   std::vector<std::thread> workers_;
   std::mutex submit_;  // one region at a time; a second caller runs inline
@@ -66,29 +68,32 @@ class ThreadPool {
   // after they have joined it (so it cannot change under them).
   const FnRef<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, step_ = 1;
-  // Workers that may be inside the region at once: one per chunk beyond the caller's. A region of
-  // 4 chunks on 16 cores then wakes 3 workers into it, not 15 that contend for its counters and
-  // that the caller must wait out.
-  std::atomic<uint32_t> max_join_{0};  // written before the region opens; read by workers joining
+  // Workers 1..max_join_ take part: one per share beyond the caller's. A region of 4 chunks on
+  // 16 cores then wakes 3 workers into it, not 15 that the caller must wait out.
+  std::atomic<int64_t> max_join_{0};  // written before the region opens; read by workers joining
   // The region's chunks in contiguous shares, one per thread taking part (the caller's is share
-  // 0, the k-th worker to join takes share k), each with its own counter on its own cache line: a
-  // thread takes its own chunks without contention and only then helps with the others' (a
-  // thread that is late or slow is covered). One shared counter cost ~90 ns a chunk on 16 cores,
-  // every thread's fetch_add queueing on one line: an empty region of 128 chunks took 12 us.
+  // 0, worker k's share k), each with its own counter on its own cache line: a thread takes its
+  // own chunks without contention and only then helps with the others' (a thread that is late or
+  // slow is covered). One shared counter cost ~90 ns a chunk on 16 cores, every thread's
+  // fetch_add queueing on one line: an empty region of 128 chunks took 12 us.
   struct alignas(64) Share {
     std::atomic<int64_t> next{0};
     int64_t end = 0;
   };
   std::vector<Share> shares_;
   int64_t n_shares_ = 0;
-  // Futex word the idle workers wait on; bumped once per region.
-  alignas(64) std::atomic<uint32_t> wake_{0};
+  // Each worker's own line: the tag of the region it joined, the tag again once it has left, and
+  // whether the caller sleeps on `done`. Joining and leaving write only the worker's line, so 15
+  // workers do not queue on one shared counter twice a region (the caller reads their lines).
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> joined{0}, done{0}, caller_waits{0};
+  };
+  std::vector<Slot> slots_;
+  // The region's tag: odd while it is open, even once closed; +1 at each opening and closing.
+  // Idle workers spin on it, then sleep on it as a futex word.
+  alignas(64) std::atomic<uint32_t> region_{0};
   std::atomic<int> sleepers_{0};
-  // kOpen while workers may join the region, kCallerAsleep while the caller sleeps waiting for
-  // them, low bits: workers inside the region.
-  alignas(64) std::atomic<uint32_t> ctl_{0};
   std::atomic<bool> stop_{false};
-  static constexpr uint32_t kOpen = 1u << 31, kCallerAsleep = 1u << 30, kActive = 0xffffu;
 };
 
 }  // namespace mb
