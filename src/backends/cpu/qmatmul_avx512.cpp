@@ -101,8 +101,11 @@ template <DType T> inline float block_dsum(const QActs& x, int64_t t, int64_t si
   return x.dsum32[size_t(t * nb + si)];
 }
 
-// Bytes ahead of the codes being read that each block prefetches.
-constexpr size_t kPrefetch = 2048;
+// Bytes ahead of the codes being read that each block prefetches. On the 16-core Xeon a thread
+// streams ~6.5 GB/s at decode, so 2 KB is ~300 ns ahead, about one loaded DRAM latency: 4 KB gave
+// E2B decode +6% (q4_0) and +4.5% (q8_0) there, alternating; 1 KB was slower, 6-8 KB and
+// prefetches into L2 no better (docs/benchmarks.md, fifth pass).
+constexpr size_t kPrefetch = 4096;
 
 // The per-unit f16 scales of the K types (d, and dmin for Q4_K), loaded once per 8 blocks.
 template <DType T> inline void unit_scales(const uint8_t* su, __m512& d, __m512& dmin) {
