@@ -108,8 +108,8 @@ void expect_rounding_equals_scalar_twin(mb::cpu::QuantizeActsFn fn) {
     q->dsum16.assign(size_t(n * k / 16), 0.f);
     q->qsum.assign(size_t(n * k / 32), -1);
   }
-  mb::cpu::quantize_acts_ref(x.data(), k, 0, n, a);
-  fn(x.data(), k, 0, n, b);
+  mb::cpu::quantize_acts_ref(x.data(), k, 0, n, 0, k / 32, a);
+  fn(x.data(), k, 0, n, 0, k / 32, b);
   EXPECT_EQ(a.q, b.q);
   EXPECT_EQ(a.dx, b.dx);
   EXPECT_EQ(a.dsum32, b.dsum32);
@@ -134,6 +134,41 @@ TEST(QMatmul, Avx2ActivationRoundingEqualsScalarTwin) {
   mb::cpu::QuantizeActsFn fn = mb::cpu::quantize_acts_avx2();
   if (!fn || !mb::cpu::kernels_for(mb::cpu::Isa::Avx2)) GTEST_SKIP() << "no AVX2 on this CPU/build";
   expect_rounding_equals_scalar_twin(fn);
+}
+
+// Blocks quantized in pieces (ranges of tokens and of blocks, as the gated FFN's tasks do) give
+// the bytes of one pass, on every version.
+TEST(QMatmul, ActivationsQuantizedInPiecesEqualOnePass) {
+  std::mt19937 rng(8);
+  const int64_t n = 5, k = 320, nb = k / 32;
+  auto x = make_x(n, k, rng);
+  std::vector<std::pair<const char*, mb::cpu::QuantizeActsFn>> fns = {{"scalar", mb::cpu::quantize_acts_ref}};
+  if (mb::cpu::kernels_for(mb::cpu::Isa::Avx2) && mb::cpu::quantize_acts_avx2()) fns.push_back({"avx2", mb::cpu::quantize_acts_avx2()});
+  if (mb::cpu::kernels_for(mb::cpu::Isa::Avx512) && mb::cpu::quantize_acts_avx512())
+    fns.push_back({"avx512", mb::cpu::quantize_acts_avx512()});
+  auto sized = [&] {
+    mb::cpu::QActs q;
+    q.n = n;
+    q.k = k;
+    q.q.assign(size_t(n * k), 0);
+    q.dx.assign(size_t(n * nb), -1.f);
+    q.dsum32.assign(size_t(n * nb), -1.f);
+    q.dsum16.assign(size_t(2 * n * nb), -1.f);
+    q.qsum.assign(size_t(n * nb), -1);
+    return q;
+  };
+  for (auto [name, fn] : fns) {
+    mb::cpu::QActs whole = sized(), pieces = sized();
+    fn(x.data(), k, 0, n, 0, nb, whole);
+    for (auto [t0, t1] : {std::pair<int64_t, int64_t>{0, 2}, {2, 5}})
+      for (auto [b0, b1] : {std::pair<int64_t, int64_t>{0, 3}, {3, 4}, {4, nb}}) fn(x.data(), k, t0, t1, b0, b1, pieces);
+    EXPECT_EQ(whole.q, pieces.q) << name;
+    EXPECT_EQ(whole.dx, pieces.dx) << name;
+    EXPECT_EQ(whole.dsum32, pieces.dsum32) << name;
+    EXPECT_EQ(whole.dsum16, pieces.dsum16) << name;
+    EXPECT_EQ(whole.qsum, pieces.qsum) << name;
+    for (float d : whole.dx) EXPECT_GE(d, 0.f) << name;  // every block written
+  }
 }
 
 TEST(QMatmul, ScalarTwinIsCloseToExactMath) {
@@ -384,6 +419,50 @@ TEST(QMatmul, FusedGatedFfnEqualsMatmulsThenActivation) {
           nonzero += fused.f32()[j] != 0.f;
         }
         EXPECT_GT(nonzero, fused.numel() / 4);  // not a trivially equal pair of zero outputs
+      }
+      mb::cpu::set_isa(prev);
+    }
+  }
+}
+
+// The whole gated FFN in one op (its activation quantized by the first region's tasks) gives the
+// bits of its ops one after the other (the Backend default), on every kernel path, with a down
+// projection of a partial row group.
+TEST(QMatmul, WholeGatedFfnEqualsItsOps) {
+  std::mt19937 rng(13);
+  auto be = mb::make_cpu_backend();
+  const int64_t k = 512, F = 256, H = 40;
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    QuantMatrix qg = make_matrix(t, F, k, rng), qu = make_matrix(t, F, k, rng), qd = make_matrix(t, H, F, rng);
+    auto weight = [&](QuantMatrix& q, int64_t rows, int64_t cols) {
+      mb::Tensor src;
+      src.dtype = t;
+      src.shape = {rows, cols};
+      src.data = q.bytes.data();
+      return be->prepare_weight(src, t);
+    };
+    for (mb::cpu::Isa isa : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512}) {
+      mb::cpu::Isa prev;
+      try {
+        prev = mb::cpu::set_isa(isa);
+      } catch (const mb::Error&) {
+        continue;  // not on this CPU
+      }
+      mb::Tensor wg = weight(qg, F, k), wu = weight(qu, F, k), wd = weight(qd, H, F);
+      for (int64_t n : {1, 3, 20}) {
+        auto xv = make_x(n + 1, k, rng);
+        mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
+        std::copy(xv.begin() + k, xv.end(), x.f32());
+        mb::Tensor fused = mb::host_tensor(DType::F32, {n, H}), apart = mb::host_tensor(DType::F32, {n, H});
+        be->gated_ffn(x, wg, wu, wd, fused);
+        be->mb::Backend::gated_ffn(x, wg, wu, wd, apart);
+        int nonzero = 0;
+        for (int64_t j = 0; j < fused.numel(); ++j) {
+          ASSERT_EQ(fused.f32()[j], apart.f32()[j]) << mb::dtype_name(t) << " " << mb::cpu::isa_name(isa) << " n=" << n << " at " << j;
+          ASSERT_TRUE(std::isfinite(fused.f32()[j]));
+          nonzero += fused.f32()[j] != 0.f;
+        }
+        EXPECT_GT(nonzero, fused.numel() / 4);
       }
       mb::cpu::set_isa(prev);
     }

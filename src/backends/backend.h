@@ -62,6 +62,13 @@ class Backend {
     matmuls(x, {&w_gate, &w_up}, {&out, &up});
     gelu_tanh_mul(out, up, out);
   }
+  // out = (gelu_tanh(x · w_gateᵀ) * (x · w_upᵀ)) · w_downᵀ: a whole gated FFN, which a backend may
+  // run without handing the [n, F] activation through memory in floats. out must not alias x.
+  virtual void gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down, Tensor& out) {
+    Tensor g = scratch(DType::F32, {x.rows(), w_gate.rows()});
+    matmul_gelu_mul(x, w_gate, w_up, g);
+    matmul(g, w_down, out);
+  }
   // out[i] = table[ids[i]] * scale, converted to f32.
   virtual void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) = 0;
   // Normalises each row of the last dim: y = x * (mean(x²) + eps)^-1/2 * (w or 1), w taken as (1 + w)

@@ -61,6 +61,12 @@ void ProfilingBackend::matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, co
         double(w_gate.nbytes() + w_up.nbytes()), [&] { in_.matmul_gelu_mul(x, w_gate, w_up, out); });
 }
 
+void ProfilingBackend::gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down,
+                                 Tensor& out) {
+  timed(Key{"gated_ffn", w_gate.rows(), w_gate.cols(), int(w_gate.dtype), 3},
+        double(w_gate.nbytes() + w_up.nbytes() + w_down.nbytes()), [&] { in_.gated_ffn(x, w_gate, w_up, w_down, out); });
+}
+
 void ProfilingBackend::embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) {
   timed("embed", [&] { in_.embed(table, ids, n, scale, out); });
 }

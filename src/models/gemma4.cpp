@@ -246,9 +246,8 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache&
 
 // scale: the layer scalar when this is the layer's last residual add, else 1.
 void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
-  const LayerConfig& L = cfg_.layers[size_t(l)];
   Gemma4Layer& w = layers_[size_t(l)];
-  const int64_t n = x.rows(), H = cfg_.hidden_size, F = L.ffn_dim;
+  const int64_t n = x.rows(), H = cfg_.hidden_size;
   const float eps = cfg_.rms_eps;
   const bool add1 = cfg_.norm_adds_one;
 
@@ -265,9 +264,7 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   for (int64_t r0 = 0; r0 < n; r0 += stretch) {
     const int64_t rows = std::min(stretch, n - r0);
     Tensor hr = h.slice_rows(r0, rows), mr = m.slice_rows(r0, rows);
-    Tensor g = be_.scratch(DType::F32, {rows, F});
-    be_.matmul_gelu_mul(hr, w.gate_proj, w.up_proj, g);
-    be_.matmul(g, w.down_proj, mr);
+    be_.gated_ffn(hr, w.gate_proj, w.up_proj, w.down_proj, mr);
   }
   h = Tensor();
 

@@ -233,6 +233,24 @@ class CpuBackend final : public Backend {
                           up.f32());
   }
 
+  void gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down, Tensor& out) override {
+    cpu::QMatmulFn fn = cpu::qmatmul_kernel();
+    if (!fn || !w_gate.packed || !w_up.packed || !w_down.packed || w_gate.rows() % 32 != 0)
+      return Backend::gated_ffn(x, w_gate, w_up, w_down, out);
+    check_f32(x, "gated_ffn", "x");
+    check_f32(out, "gated_ffn", "out");
+    const int64_t n = x.rows(), F = w_gate.rows();
+    MB_CHECK(w_gate.cols() == x.cols() && w_up.cols() == x.cols() && w_up.rows() == F && w_down.cols() == F &&
+                 out.numel() == n * w_down.rows(),
+             "gated_ffn: x {} · gate {}ᵀ, up {}ᵀ, down {}ᵀ -> out {} do not fit", x.shape_str(), w_gate.shape_str(),
+             w_up.shape_str(), w_down.shape_str(), out.shape_str());
+    Tensor g = scratch(DType::F32, {n, F}), up = scratch(DType::F32, {n, F});
+    cpu::qmatmul_gated_ffn(fn, *static_cast<const cpu::QPacked*>(w_gate.packed.get()),
+                           *static_cast<const cpu::QPacked*>(w_up.packed.get()),
+                           *static_cast<const cpu::QPacked*>(w_down.packed.get()), x.f32(), x.cols(), n, g.f32(), up.f32(),
+                           out.f32(), w_down.rows());
+  }
+
   void softcap(Tensor& x, float cap) override {
     check_f32(x, "softcap", "x");
     cpu::softcap(x.f32(), x.numel(), cap);

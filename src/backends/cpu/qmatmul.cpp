@@ -225,10 +225,10 @@ void qunpack_row(const QPacked& w, int64_t row, float* out) {
     }
 }
 
-void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
+void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QActs& a) {
   const int64_t k = a.k;
   for (int64_t t = t0; t < t1; ++t)
-    for (int64_t b = 0; b < k / 32; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const float* xb = x + t * ldx + 32 * b;
       float amax = 0.f;
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
@@ -249,7 +249,9 @@ void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QAct
     }
 }
 
-void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) {
+namespace {
+
+void size_acts(QActs& a, int64_t n, int64_t k) {
   MB_CHECK(k % 32 == 0, "qmatmul: activation rows of {} are not whole 32-element blocks", k);
   a.n = n;
   a.k = k;
@@ -258,14 +260,24 @@ void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) 
   a.dsum32.resize(size_t(n * k / 32));
   a.dsum16.resize(size_t(n * k / 16));
   a.qsum.resize(size_t(n * k / 32));
+}
+
+QuantizeActsFn quantize_acts_fn() {
   QuantizeActsFn fn = nullptr;
   if (kernels().isa == Isa::Avx512) fn = quantize_acts_avx512();
   if (!fn && kernels().isa >= Isa::Avx2) fn = quantize_acts_avx2();
-  if (!fn) fn = quantize_acts_ref;
-  if (n * k < (int64_t(1) << 16)) fn(x, ldx, 0, n, a);
+  return fn ? fn : quantize_acts_ref;
+}
+
+}  // namespace
+
+void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a) {
+  size_acts(a, n, k);
+  QuantizeActsFn fn = quantize_acts_fn();
+  if (n * k < (int64_t(1) << 16)) fn(x, ldx, 0, n, 0, k / 32, a);
   else
     ThreadPool::global().parallel_for(n, std::max<int64_t>(1, (int64_t(1) << 14) / k),
-                                      [&](int64_t t0, int64_t t1) { fn(x, ldx, t0, t1, a); });
+                                      [&](int64_t t0, int64_t t1) { fn(x, ldx, t0, t1, 0, k / 32, a); });
 }
 
 void qmatmul_ref(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0,
@@ -332,12 +344,13 @@ const QActs& quantized_on_caller(const float* x, int64_t ldx, int64_t n, int64_t
   return acts;
 }
 
-// ys[i] (rows ldys[i] apart) = x · ws[i]ᵀ: x quantized once, all matrices' groups one region of
-// tasks worth at least ~64 KB of weights x tokens each.
-void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
-                 const std::vector<float*>& ys, const std::vector<int64_t>& ldys) {
+// ys[i] (rows ldys[i] apart) = acts · ws[i]ᵀ for activations quantized already: all matrices'
+// groups one region of tasks worth at least ~64 KB of weights x tokens each.
+void run_matmuls_on(QMatmulFn fn, const std::vector<const QPacked*>& ws, const QActs& acts, int64_t n,
+                    const std::vector<float*>& ys, const std::vector<int64_t>& ldys) {
   MB_CHECK(!ws.empty() && ws.size() == ys.size(), "qmatmul: {} weights for {} outputs", ws.size(), ys.size());
-  const QActs& acts = quantized_on_caller(x, ldx, n, ws[0]->k);
+  MB_CHECK(acts.k == ws[0]->k && acts.n == n, "qmatmul: activations [{}, {}] for {} tokens of {} columns", acts.n,
+           acts.k, n, ws[0]->k);
   std::vector<int64_t> first(ws.size() + 1, 0);  // global index of each matrix's first group
   int64_t bytes = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -352,6 +365,13 @@ void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const floa
       if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
     }
   });
+}
+
+// The same for x [n, k] in floats, quantized once on the caller.
+void run_matmuls(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,
+                 const std::vector<float*>& ys, const std::vector<int64_t>& ldys) {
+  MB_CHECK(!ws.empty(), "qmatmul: no weights");
+  run_matmuls_on(fn, ws, quantized_on_caller(x, ldx, n, ws[0]->k), n, ys, ldys);
 }
 
 }  // namespace
@@ -375,6 +395,29 @@ void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, cons
     const int64_t r0 = b * kQRows, r1 = std::min(m, e * kQRows);
     for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
   });
+}
+
+void qmatmul_gated_ffn(QMatmulFn fn, const QPacked& gate, const QPacked& up, const QPacked& down, const float* x,
+                       int64_t ldx, int64_t n, float* g, float* u, float* y, int64_t ldy) {
+  MB_CHECK(gate.m == up.m && gate.k == up.k && down.k == gate.m && gate.m % 32 == 0,
+           "qmatmul: gated FFN of gate {}x{}, up {}x{}, down {}x{}", gate.m, gate.k, up.m, up.k, down.m, down.k);
+  const QActs& acts = quantized_on_caller(x, ldx, n, gate.k);
+  // The down projection's activations: the caller's, filled by the first region's tasks.
+  thread_local QActs mid_acts;
+  QActs& mid = mid_acts;
+  size_acts(mid, n, gate.m);
+  const QuantizeActsFn quantize = quantize_acts_fn();
+  const KernelTable& K = kernels();
+  const int64_t m = gate.m, pairs = gate.groups / 2;  // a pair of row groups: one 32-column block of g
+  const int64_t grain = (group_grain(int64_t(gate.bytes() + up.bytes()), gate.groups, n) + 1) / 2;
+  ThreadPool::global().parallel_for(pairs, grain, [&](int64_t b, int64_t e) {
+    const int64_t g0 = 2 * b, g1 = 2 * e, r0 = g0 * kQRows, r1 = g1 * kQRows;
+    fn(gate, acts, g, m, g0, g1, 0, n);
+    fn(up, acts, u, m, g0, g1, 0, n);
+    for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(g + t * m + r0, u + t * m + r0, g + t * m + r0, r1 - r0);
+    quantize(g, m, 0, n, r0 / 32, r1 / 32, mid);
+  });
+  run_matmuls_on(fn, {&down}, mid, n, {y}, {ldy});
 }
 
 void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const float* x, int64_t ldx, int64_t n,

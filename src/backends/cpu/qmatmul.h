@@ -89,10 +89,11 @@ struct QActs {
 // x [n, k] (rows ldx apart; k a multiple of 32) -> a, with the widest rows function the active
 // kernel table allows (same numbers: round to nearest even either way).
 void quantize_acts(const float* x, int64_t ldx, int64_t n, int64_t k, QActs& a);
-// Tokens [t0, t1) of x into a (already sized): the scalar twin and the AVX-512 and AVX2 versions
-// (null when not compiled in).
-using QuantizeActsFn = void (*)(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
-void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a);
+// Blocks [b0, b1) (32 columns each, from x's column 0) of tokens [t0, t1) of x into a (already
+// sized): the scalar twin and the AVX-512 and AVX2 versions (null when not compiled in). A block
+// depends only on its own 32 values, so any split into pieces gives the bytes of one pass.
+using QuantizeActsFn = void (*)(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QActs& a);
+void quantize_acts_ref(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QActs& a);
 QuantizeActsFn quantize_acts_avx512();
 QuantizeActsFn quantize_acts_avx2();
 
@@ -132,6 +133,13 @@ void qmatmul_many(QMatmulFn fn, const std::vector<const QPacked*>& ws, const flo
 // cache (a gated FFN without a separate activation pass). u: n x m floats of scratch.
 void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, const float* x, int64_t ldx, int64_t n,
                       float* out, float* u);
+// y[n, down.m] (rows ldy apart) = (gelu_tanh(x·gateᵀ) * (x·upᵀ)) · downᵀ, the same bits as
+// qmatmul_gelu_mul then qmatmul. Each task of the first region also quantizes its own 32-column
+// blocks of the activation for the down projection, so no thread gathers the [n, gate.m] floats
+// from the others' caches before the second region can start (12288 floats a token on E2B). g
+// and u are [n, gate.m] scratch (g ends as the activation); gate.m must be a multiple of 32.
+void qmatmul_gated_ffn(QMatmulFn fn, const QPacked& gate, const QPacked& up, const QPacked& down, const float* x,
+                       int64_t ldx, int64_t n, float* g, float* u, float* y, int64_t ldy);
 
 // Calls f(std::integral_constant<DType, t>) for the packed types; false for any other.
 template <class F> bool with_packed_type(DType t, F&& f) {

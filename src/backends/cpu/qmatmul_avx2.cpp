@@ -262,11 +262,11 @@ void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0,
 
 // quantize_acts_ref 8 values per step: amax, d = amax / 127, q = round-to-even(x·(1/d)) in the
 // same float operations, so the bytes and scales are identical.
-void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
+void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QActs& a) {
   const int64_t k = a.k, nb = k / 32;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t t = t0; t < t1; ++t)
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const float* xb = x + t * ldx + 32 * b;
       __m256 v[4], m = _mm256_setzero_ps();
       for (int i = 0; i < 4; ++i) {

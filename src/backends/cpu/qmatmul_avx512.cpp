@@ -377,11 +377,11 @@ void kernel(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0,
 
 // quantize_acts_ref with 32 values per step: amax, d = amax / 127, q = round-to-even(x / d·...)
 // in the same float operations, so the bytes and scales are identical.
-void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, QActs& a) {
+void quantize_rows(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QActs& a) {
   const int64_t k = a.k, nb = k / 32;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t t = t0; t < t1; ++t)
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const float* xb = x + t * ldx + 32 * b;
       const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask)));
