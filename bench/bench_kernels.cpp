@@ -14,6 +14,8 @@
 //                                  thread: its arithmetic rate (GMACS) without memory in the way
 //   QMatmul/<dtype>/n:1/<m>x<k>    one decode matmul of an E2B layer's shape, through the pool;
 //                                  QMatmulHot/...: the same matrix each time, from the caches
+//   GatedFfn/<dtype>/fused|ops     one token through E2B's gated FFN: the backend's fused op, or
+//                                  its ops one after the other
 //   ParallelFor/<n>                cost of one near-empty region of the thread pool
 // Weight sets rotate through more than 1 GiB so the GEMV reads memory, not the last-level cache.
 //
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
 #include "core/mmap.h"
@@ -219,6 +222,54 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k,
     state.counters["of_membw"] = benchmark::Counter(wbytes * double(state.iterations()) / g_membw_bytes_per_s, benchmark::Counter::kIsRate);
 }
 
+// One decode token through E2B's gated FFN (gate and up 12288x1536, down 1536x12288) as the CPU
+// backend's fused op, or as its ops one after the other (the Backend default: the activation
+// in floats, quantized again on the caller). Weight sets rotate through ~256 MB.
+void GatedFfn(benchmark::State& state, DType dt, bool fused) {
+  const int64_t H = 1536, F = 12288;
+  static std::unique_ptr<mb::Backend> be = mb::make_cpu_backend();
+  struct Set {
+    std::vector<uint8_t> bytes[3];
+    mb::Tensor w[3];
+  };
+  static std::vector<std::pair<DType, std::vector<std::unique_ptr<Set>>>> cache;
+  std::vector<std::unique_ptr<Set>>* sets = nullptr;
+  for (auto& [t, v] : cache)
+    if (t == dt) sets = &v;
+  if (!sets) {
+    cache.emplace_back(dt, std::vector<std::unique_ptr<Set>>{});
+    sets = &cache.back().second;
+    const int64_t shapes[3][2] = {{F, H}, {F, H}, {H, F}};
+    while (sets->size() * 3 * mb::dtype_row_bytes(dt, H) * size_t(F) < (size_t(256) << 20)) {
+      auto s = std::make_unique<Set>();
+      for (int i = 0; i < 3; ++i) {
+        const int64_t m = shapes[i][0], k = shapes[i][1];
+        mb::Tensor f = random_tensor(DType::F32, {m, k}, uint32_t(31 + 3 * sets->size() + size_t(i)));
+        const size_t rb = mb::dtype_row_bytes(dt, k);
+        s->bytes[i].resize(rb * size_t(m));
+        mb::ThreadPool::global().parallel_for(m, 64, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) mb::quantize_row(dt, f.f32() + r * k, s->bytes[i].data() + size_t(r) * rb, k);
+        });
+        mb::Tensor src;
+        src.dtype = dt;
+        src.shape = {m, k};
+        src.data = s->bytes[i].data();
+        s->w[i] = be->prepare_weight(src, dt);
+      }
+      sets->push_back(std::move(s));
+    }
+  }
+  mb::Tensor x = random_tensor(DType::F32, {1, H}, 7), y = mb::host_tensor(DType::F32, {1, H});
+  size_t next = 0;
+  for (auto _ : state) {
+    const Set& s = *(*sets)[next++ % sets->size()];
+    if (fused) be->gated_ffn(x, s.w[0], s.w[1], s.w[2], y);
+    else be->mb::Backend::gated_ffn(x, s.w[0], s.w[1], s.w[2], y);
+    benchmark::DoNotOptimize(y.f32());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(3 * mb::dtype_row_bytes(dt, H) * size_t(F)));
+}
+
 void ParallelFor(benchmark::State& state) {
   auto& pool = mb::ThreadPool::global();
   const int64_t n = state.range(0);
@@ -302,6 +353,11 @@ bool register_all() {
                                       "x" + std::to_string(k)).c_str(),
                                      [=](benchmark::State& s) { QMatmul(s, dt, 1, m, k, !hot); })
             ->UseRealTime()->Unit(benchmark::kMicrosecond);
+  for (DType dt : {DType::Q8_0, DType::Q4_0})
+    for (bool fused : {false, true})
+      benchmark::RegisterBenchmark(("GatedFfn/" + std::string(mb::dtype_name(dt)) + (fused ? "/fused" : "/ops")).c_str(),
+                                   [=](benchmark::State& s) { GatedFfn(s, dt, fused); })
+          ->UseRealTime()->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("ParallelFor", ParallelFor)->Arg(2)->Arg(64)->UseRealTime();
   return true;
 }
