@@ -380,6 +380,47 @@ TEST(QMatmul, FusedMatmulsEqualSeparateOnes) {
     for (int64_t j = 0; j < fused[i].numel(); ++j) ASSERT_EQ(fused[i].f32()[j], alone[i].f32()[j]) << i << " " << j;
 }
 
+// q's bytes as a CPU-backend weight: packed when an integer kernel runs on the current path, as
+// at load.
+mb::Tensor weight_of(mb::Backend& be, DType t, QuantMatrix& q) {
+  mb::Tensor src;
+  src.dtype = t;
+  src.shape = {q.m, q.k};
+  src.data = q.bytes.data();
+  return be.prepare_weight(src, t);
+}
+
+// On every kernel path this CPU runs and for 1, 3 and 20 tokens of k columns, run(x, fused,
+// apart) fills a fused op's and its Backend default's [n, out_cols] outputs: they must agree bit
+// for bit, be finite and not be trivially zero. set_up() prepares the weights for each path.
+template <class SetUp, class Run>
+void expect_fused_equals_ops(int64_t k, int64_t out_cols, std::mt19937& rng, SetUp&& set_up, Run&& run) {
+  for (mb::cpu::Isa isa : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512}) {
+    mb::cpu::Isa prev;
+    try {
+      prev = mb::cpu::set_isa(isa);
+    } catch (const mb::Error&) {
+      continue;  // not on this CPU
+    }
+    set_up();
+    for (int64_t n : {1, 3, 20}) {
+      auto xv = make_x(n + 1, k, rng);  // without its all-zero token 0 (whose outputs are 0)
+      mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
+      std::copy(xv.begin() + k, xv.end(), x.f32());
+      mb::Tensor fused = mb::host_tensor(DType::F32, {n, out_cols}), apart = mb::host_tensor(DType::F32, {n, out_cols});
+      run(x, fused, apart);
+      int nonzero = 0;
+      for (int64_t j = 0; j < fused.numel(); ++j) {
+        ASSERT_EQ(fused.f32()[j], apart.f32()[j]) << mb::cpu::isa_name(isa) << " n=" << n << " at " << j;
+        ASSERT_TRUE(std::isfinite(fused.f32()[j]));
+        nonzero += fused.f32()[j] != 0.f;
+      }
+      EXPECT_GT(nonzero, fused.numel() / 4);
+    }
+    mb::cpu::set_isa(prev);
+  }
+}
+
 
 // The gated FFN in one region (the activation applied per task) gives the numbers of the two
 // matmuls followed by one activation pass, on every kernel path this CPU runs.
@@ -388,40 +429,18 @@ TEST(QMatmul, FusedGatedFfnEqualsMatmulsThenActivation) {
   auto be = mb::make_cpu_backend();
   const int64_t k = 512, m = 40;  // 3 row groups, the last one partial
   for (auto [tg, tu] : {std::pair{DType::Q4_0, DType::Q4_0}, {DType::Q8_0, DType::Q8_0}, {DType::Q4_K, DType::Q6_K}}) {
+    SCOPED_TRACE(std::string(mb::dtype_name(tg)));
     QuantMatrix qg = make_matrix(tg, m, k, rng), qu = make_matrix(tu, m, k, rng);
-    auto weight = [&](DType t, QuantMatrix& q) {
-      mb::Tensor src;
-      src.dtype = t;
-      src.shape = {m, k};
-      src.data = q.bytes.data();
-      return be->prepare_weight(src, t);
-    };
-    for (mb::cpu::Isa isa : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512}) {
-      mb::cpu::Isa prev;
-      try {
-        prev = mb::cpu::set_isa(isa);
-      } catch (const mb::Error&) {
-        continue;  // not on this CPU
-      }
-      // Packed only when an integer kernel runs on this path, as at load.
-      mb::Tensor wg = weight(tg, qg), wu = weight(tu, qu);
-      for (int64_t n : {1, 3, 20}) {
-        auto xv = make_x(n + 1, k, rng);  // without its all-zero token 0 (whose outputs are 0)
-        mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
-        std::copy(xv.begin() + k, xv.end(), x.f32());
-        mb::Tensor fused = mb::host_tensor(DType::F32, {n, m}), apart = mb::host_tensor(DType::F32, {n, m});
-        be->matmul_gelu_mul(x, wg, wu, fused);
-        be->mb::Backend::matmul_gelu_mul(x, wg, wu, apart);
-        int nonzero = 0;
-        for (int64_t j = 0; j < fused.numel(); ++j) {
-          ASSERT_EQ(fused.f32()[j], apart.f32()[j]) << mb::cpu::isa_name(isa) << " n=" << n << " at " << j;
-          ASSERT_TRUE(std::isfinite(fused.f32()[j]));
-          nonzero += fused.f32()[j] != 0.f;
-        }
-        EXPECT_GT(nonzero, fused.numel() / 4);  // not a trivially equal pair of zero outputs
-      }
-      mb::cpu::set_isa(prev);
-    }
+    mb::Tensor wg, wu;
+    expect_fused_equals_ops(
+        k, m, rng, [&] {
+          wg = weight_of(*be, tg, qg);
+          wu = weight_of(*be, tu, qu);
+        },
+        [&](const mb::Tensor& x, mb::Tensor& fused, mb::Tensor& apart) {
+          be->matmul_gelu_mul(x, wg, wu, fused);
+          be->mb::Backend::matmul_gelu_mul(x, wg, wu, apart);
+        });
   }
 }
 
@@ -433,39 +452,19 @@ TEST(QMatmul, WholeGatedFfnEqualsItsOps) {
   auto be = mb::make_cpu_backend();
   const int64_t k = 512, F = 256, H = 40;
   for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    SCOPED_TRACE(std::string(mb::dtype_name(t)));
     QuantMatrix qg = make_matrix(t, F, k, rng), qu = make_matrix(t, F, k, rng), qd = make_matrix(t, H, F, rng);
-    auto weight = [&](QuantMatrix& q, int64_t rows, int64_t cols) {
-      mb::Tensor src;
-      src.dtype = t;
-      src.shape = {rows, cols};
-      src.data = q.bytes.data();
-      return be->prepare_weight(src, t);
-    };
-    for (mb::cpu::Isa isa : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512}) {
-      mb::cpu::Isa prev;
-      try {
-        prev = mb::cpu::set_isa(isa);
-      } catch (const mb::Error&) {
-        continue;  // not on this CPU
-      }
-      mb::Tensor wg = weight(qg, F, k), wu = weight(qu, F, k), wd = weight(qd, H, F);
-      for (int64_t n : {1, 3, 20}) {
-        auto xv = make_x(n + 1, k, rng);
-        mb::Tensor x = mb::host_tensor(DType::F32, {n, k});
-        std::copy(xv.begin() + k, xv.end(), x.f32());
-        mb::Tensor fused = mb::host_tensor(DType::F32, {n, H}), apart = mb::host_tensor(DType::F32, {n, H});
-        be->gated_ffn(x, wg, wu, wd, fused);
-        be->mb::Backend::gated_ffn(x, wg, wu, wd, apart);
-        int nonzero = 0;
-        for (int64_t j = 0; j < fused.numel(); ++j) {
-          ASSERT_EQ(fused.f32()[j], apart.f32()[j]) << mb::dtype_name(t) << " " << mb::cpu::isa_name(isa) << " n=" << n << " at " << j;
-          ASSERT_TRUE(std::isfinite(fused.f32()[j]));
-          nonzero += fused.f32()[j] != 0.f;
-        }
-        EXPECT_GT(nonzero, fused.numel() / 4);
-      }
-      mb::cpu::set_isa(prev);
-    }
+    mb::Tensor wg, wu, wd;
+    expect_fused_equals_ops(
+        k, H, rng, [&] {
+          wg = weight_of(*be, t, qg);
+          wu = weight_of(*be, t, qu);
+          wd = weight_of(*be, t, qd);
+        },
+        [&](const mb::Tensor& x, mb::Tensor& fused, mb::Tensor& apart) {
+          be->gated_ffn(x, wg, wu, wd, fused);
+          be->mb::Backend::gated_ffn(x, wg, wu, wd, apart);
+        });
   }
 }
 
