@@ -75,6 +75,17 @@ mb::Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed) {
   return t;
 }
 
+// The rows of a random [m, k] matrix quantized to the block type dt, as a file holds them.
+std::vector<uint8_t> random_quantized(DType dt, int64_t m, int64_t k, uint32_t seed) {
+  mb::Tensor f = random_tensor(DType::F32, {m, k}, seed);
+  const size_t rb = mb::dtype_row_bytes(dt, k);
+  std::vector<uint8_t> q(rb * size_t(m));
+  mb::ThreadPool::global().parallel_for(m, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) mb::quantize_row(dt, f.f32() + r * k, q.data() + size_t(r) * rb, k);
+  });
+  return q;
+}
+
 // kRotateBytes allocated like packed weights (huge pages where offered), as `markbase bench
 // --membw` does.
 const float* membw_buffer() {
@@ -169,10 +180,7 @@ void QMatmulInCache(benchmark::State& state, DType dt, int64_t n) {
     return;
   }
   const int64_t m = 512, k = 2048;
-  mb::Tensor f = random_tensor(DType::F32, {m, k}, 23);
-  const size_t rb = mb::dtype_row_bytes(dt, k);
-  std::vector<uint8_t> q(rb * size_t(m));
-  for (int64_t r = 0; r < m; ++r) mb::quantize_row(dt, f.f32() + r * k, q.data() + size_t(r) * rb, k);
+  const std::vector<uint8_t> q = random_quantized(dt, m, k, 23);
   auto w = mb::cpu::qpack(dt, q.data(), m, k);
   mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
   mb::cpu::QActs acts;
@@ -198,11 +206,7 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k,
   for (auto& [k2, v] : cache)
     if (k2 == key) set = &v;
   if (!set) {
-    mb::Tensor f = random_tensor(DType::F32, {m, k}, 21);
-    std::vector<uint8_t> q(mb::dtype_row_bytes(dt, k) * size_t(m));
-    mb::ThreadPool::global().parallel_for(m, 64, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) mb::quantize_row(dt, f.f32() + r * k, q.data() + size_t(r) * mb::dtype_row_bytes(dt, k), k);
-    });
+    const std::vector<uint8_t> q = random_quantized(dt, m, k, 21);
     cache.emplace_back(key, std::vector<std::shared_ptr<const mb::cpu::QPacked>>{});
     set = &cache.back().second;
     do set->push_back(mb::cpu::qpack(dt, q.data(), m, k));
@@ -244,12 +248,7 @@ void GatedFfn(benchmark::State& state, DType dt, bool fused) {
       auto s = std::make_unique<Set>();
       for (int i = 0; i < 3; ++i) {
         const int64_t m = shapes[i][0], k = shapes[i][1];
-        mb::Tensor f = random_tensor(DType::F32, {m, k}, uint32_t(31 + 3 * sets->size() + size_t(i)));
-        const size_t rb = mb::dtype_row_bytes(dt, k);
-        s->bytes[i].resize(rb * size_t(m));
-        mb::ThreadPool::global().parallel_for(m, 64, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) mb::quantize_row(dt, f.f32() + r * k, s->bytes[i].data() + size_t(r) * rb, k);
-        });
+        s->bytes[i] = random_quantized(dt, m, k, uint32_t(31 + 3 * sets->size() + size_t(i)));
         mb::Tensor src;
         src.dtype = dt;
         src.shape = {m, k};

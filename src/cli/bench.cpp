@@ -23,6 +23,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/mmap.h"
+#include "core/stats.h"
 #include "core/thread_pool.h"
 #include "formats/checkpoint.h"
 #include "formats/gguf_export.h"
@@ -37,11 +38,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Read bandwidth of a buffer much larger than the caches (cpu::read_bandwidth).
 cpu::ReadBandwidth measure_read_bandwidth(size_t bytes = size_t(1) << 30) {

@@ -26,6 +26,7 @@
 #endif
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "core/thread_pool.h"
 
 namespace mb::cpu {
@@ -561,9 +562,7 @@ double read_pass_seconds(const float* x, int64_t n, bool prefetch) {
 ReadBandwidth read_bandwidth(const float* x, int64_t n, int passes) {
   std::vector<double> rates;
   for (int rep = 0; rep < 2 * passes; ++rep) rates.push_back(double(n) * 4.0 / read_pass_seconds(x, n, rep % 2 == 1));
-  std::sort(rates.begin(), rates.end());
-  const size_t h = rates.size() / 2;
-  return {rates.back(), rates.size() % 2 ? rates[h] : (rates[h - 1] + rates[h]) / 2};
+  return {*std::max_element(rates.begin(), rates.end()), median(rates)};
 }
 float gelu_tanh(float x) { return gelu_tanh_scalar(x); }
 

@@ -380,43 +380,48 @@ void qmatmul(QMatmulFn fn, const QPacked& w, const float* x, int64_t ldx, int64_
   run_matmuls(fn, {&w}, x, ldx, n, {y}, {ldy});
 }
 
+namespace {
+
+// out = gelu_tanh(acts · gateᵀ) * (acts · upᵀ) in one region whose tasks cover whole units of
+// `unit` row groups; after(r0, r1) then runs in the task on its output rows [r0, r1).
+template <class After>
+void gate_up_region(QMatmulFn fn, const QPacked& gate, const QPacked& up, const QActs& acts, int64_t n, float* out,
+                    float* u, int64_t unit, After&& after) {
+  const KernelTable& K = kernels();
+  const int64_t m = gate.m, units = (gate.groups + unit - 1) / unit;
+  const int64_t grain = (group_grain(int64_t(gate.bytes() + up.bytes()), gate.groups, n) + unit - 1) / unit;
+  ThreadPool::global().parallel_for(units, grain, [&](int64_t b, int64_t e) {
+    const int64_t g0 = b * unit, g1 = std::min(gate.groups, e * unit);
+    fn(gate, acts, out, m, g0, g1, 0, n);
+    fn(up, acts, u, m, g0, g1, 0, n);
+    // The activation is elementwise with its tail on the same vector path, so applying it per
+    // task gives the bits of one pass over the whole output.
+    const int64_t r0 = g0 * kQRows, r1 = std::min(m, g1 * kQRows);
+    for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
+    after(r0, r1);
+  });
+}
+
+}  // namespace
+
 void qmatmul_gelu_mul(QMatmulFn fn, const QPacked& gate, const QPacked& up, const float* x, int64_t ldx, int64_t n,
                       float* out, float* u) {
   MB_CHECK(gate.m == up.m && gate.k == up.k, "qmatmul: gate {}x{} and up {}x{} differ", gate.m, gate.k, up.m, up.k);
-  const QActs& acts = quantized_on_caller(x, ldx, n, gate.k);
-  const KernelTable& K = kernels();
-  const int64_t m = gate.m, groups = gate.groups;
-  ThreadPool::global().parallel_for(groups, group_grain(int64_t(gate.bytes() + up.bytes()), groups, n),
-                                    [&](int64_t b, int64_t e) {
-    fn(gate, acts, out, m, b, e, 0, n);
-    fn(up, acts, u, m, b, e, 0, n);
-    // The activation is elementwise with its tail on the same vector path, so applying it per
-    // task gives the bits of one pass over the whole output.
-    const int64_t r0 = b * kQRows, r1 = std::min(m, e * kQRows);
-    for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
-  });
+  gate_up_region(fn, gate, up, quantized_on_caller(x, ldx, n, gate.k), n, out, u, 1, [](int64_t, int64_t) {});
 }
 
 void qmatmul_gated_ffn(QMatmulFn fn, const QPacked& gate, const QPacked& up, const QPacked& down, const float* x,
                        int64_t ldx, int64_t n, float* g, float* u, float* y, int64_t ldy) {
   MB_CHECK(gate.m == up.m && gate.k == up.k && down.k == gate.m && gate.m % 32 == 0,
            "qmatmul: gated FFN of gate {}x{}, up {}x{}, down {}x{}", gate.m, gate.k, up.m, up.k, down.m, down.k);
-  const QActs& acts = quantized_on_caller(x, ldx, n, gate.k);
-  // The down projection's activations: the caller's, filled by the first region's tasks.
+  // The down projection's activations: the caller's, filled by the first region's tasks, each
+  // quantizing its own whole 32-column blocks (pairs of row groups).
   thread_local QActs mid_acts;
   QActs& mid = mid_acts;
   size_acts(mid, n, gate.m);
   const QuantizeActsFn quantize = quantize_acts_fn();
-  const KernelTable& K = kernels();
-  const int64_t m = gate.m, pairs = gate.groups / 2;  // a pair of row groups: one 32-column block of g
-  const int64_t grain = (group_grain(int64_t(gate.bytes() + up.bytes()), gate.groups, n) + 1) / 2;
-  ThreadPool::global().parallel_for(pairs, grain, [&](int64_t b, int64_t e) {
-    const int64_t g0 = 2 * b, g1 = 2 * e, r0 = g0 * kQRows, r1 = g1 * kQRows;
-    fn(gate, acts, g, m, g0, g1, 0, n);
-    fn(up, acts, u, m, g0, g1, 0, n);
-    for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(g + t * m + r0, u + t * m + r0, g + t * m + r0, r1 - r0);
-    quantize(g, m, 0, n, r0 / 32, r1 / 32, mid);
-  });
+  gate_up_region(fn, gate, up, quantized_on_caller(x, ldx, n, gate.k), n, g, u, 2,
+                 [&](int64_t r0, int64_t r1) { quantize(g, gate.m, 0, n, r0 / 32, r1 / 32, mid); });
   run_matmuls_on(fn, {&down}, mid, n, {y}, {ldy});
 }
 
