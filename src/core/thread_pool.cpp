@@ -26,6 +26,10 @@ constexpr auto kSpin = std::chrono::microseconds(60);
 
 thread_local bool tls_in_region = false;
 
+// A share counter's chunk index once a region failed: past any share's end, and far enough below
+// 2^kChunkBits that the fetch_adds still in flight cannot carry into the seq bits.
+constexpr uint64_t kStopped = uint64_t(1) << 22;
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -74,33 +78,50 @@ int default_threads() {
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = default_threads();
+  // A region has at most 8 chunks a thread (parallel_for): with the overshoots and the stop
+  // mark (kStopped) they fit a counter's low bits.
+  n_threads = std::min(n_threads, 1 << 16);
   // The region tag is read here, not in the thread: a thread that starts late must still see the
   // regions (or the shutdown) posted before it ran.
-  const uint32_t seen = region_.load();
-  shares_ = std::vector<Share>(size_t(n_threads));
+  const uint32_t seen = ctl_.tag.load();
   slots_ = std::vector<Slot>(size_t(n_threads));
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i, seen] { worker_loop(i, seen); });
 }
 
 ThreadPool::~ThreadPool() {
   stop_.store(true);
-  region_.fetch_add(2);  // a change the workers see, and still a closed tag
-  futex_wake(region_, INT_MAX);
+  ctl_.tag.fetch_add(2);  // a change the workers see, and still a closed tag
+  futex_wake(ctl_.tag, INT_MAX);
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::work_chunks(int64_t slot) {
-  for (int64_t k = 0; k < n_shares_; ++k) {
-    Share& sh = shares_[size_t((slot + k) % n_shares_)];
-    // A share already taken is only read, so finished shares cost the others no cache-line
-    // transfers.
-    if (k > 0 && sh.next.load(std::memory_order_relaxed) >= sh.end) continue;
-    for (;;) {
-      const int64_t c = sh.next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= sh.end) break;
-      run_chunk(c);
+void ThreadPool::work_share(int64_t s) {
+  constexpr uint64_t kIndex = (uint64_t(1) << kChunkBits) - 1;
+  std::atomic<uint64_t>& next = slots_[size_t(s)].next;
+  const uint64_t seq = ctl_.seq, first = uint64_t(s * ctl_.q + std::min<int64_t>(s, ctl_.r)),
+                 end = first + uint64_t(ctl_.q + (s < ctl_.r));
+  auto run_chunk = [&](uint64_t c) { ctl_.fn(int64_t(c) * ctl_.step, std::min(ctl_.n, (int64_t(c) + 1) * ctl_.step)); };
+  // The region's first claim on the share finds an older seq and takes the share's first chunk.
+  for (uint64_t v = next.load(std::memory_order_relaxed); v >> kChunkBits != seq;) {
+    if (first >= end) return;
+    if (next.compare_exchange_weak(v, seq << kChunkBits | (first + 1), std::memory_order_relaxed)) {
+      run_chunk(first);
+      break;
     }
   }
+  // Then one fetch_add a chunk; a share already used up is only read, so finished shares cost
+  // the others no cache-line transfers. Each thread overshoots the end at most once a share,
+  // far below the seq bits.
+  while ((next.load(std::memory_order_relaxed) & kIndex) < end) {
+    const uint64_t c = next.fetch_add(1, std::memory_order_relaxed) & kIndex;
+    if (c >= end) break;
+    run_chunk(c);
+  }
+}
+
+void ThreadPool::work_chunks(int64_t slot) {
+  const int64_t shares = ctl_.shares.load(std::memory_order_relaxed);
+  for (int64_t k = 0, s = slot; k < shares; ++k, s = s + 1 == shares ? 0 : s + 1) work_share(s);
 }
 
 // Joining is a store-then-load handshake with the caller's closing (both sequentially
@@ -113,18 +134,18 @@ void ThreadPool::worker_loop(int64_t slot, uint32_t seen) {
   tls_in_region = true;  // nested regions from inside a chunk run inline
   Slot& me = slots_[size_t(slot)];
   for (;;) {
-    if (!spin_until([&] { return region_.load(std::memory_order_acquire) != seen; })) {
+    if (!spin_until([&] { return ctl_.tag.load(std::memory_order_acquire) != seen; })) {
       sleepers_.fetch_add(1);
-      if (region_.load() == seen) futex_wait(region_, seen);
+      if (ctl_.tag.load() == seen) futex_wait(ctl_.tag, seen);
       sleepers_.fetch_sub(1);
       continue;
     }
-    if (stop_.load()) return;
-    const uint32_t tag = region_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_relaxed)) return;
+    const uint32_t tag = ctl_.tag.load(std::memory_order_acquire);
     seen = tag;
-    if (!(tag & 1u) || slot > max_join_.load(std::memory_order_relaxed)) continue;
+    if (!(tag & 1u) || slot >= ctl_.shares.load(std::memory_order_relaxed)) continue;
     me.joined.store(tag);
-    if (region_.load() == tag) work_chunks(slot);
+    if (ctl_.tag.load() == tag) work_chunks(slot);
     me.done.store(tag);
     if (me.caller_waits.load()) futex_wake(me.done, 1);
   }
@@ -141,20 +162,22 @@ void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {
 }
 
 void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) {
-  fn_ = &fn;
-  n_ = n;
-  step_ = step;
-  const int64_t chunks = (n + step - 1) / step;
-  n_shares_ = std::min<int64_t>(chunks, int64_t(shares_.size()));
-  for (int64_t s = 0; s < n_shares_; ++s) {
-    shares_[size_t(s)].next.store(s * chunks / n_shares_, std::memory_order_relaxed);
-    shares_[size_t(s)].end = (s + 1) * chunks / n_shares_;
+  const int64_t chunks = (n + step - 1) / step, shares = std::min<int64_t>(chunks, int64_t(slots_.size()));
+  ctl_.fn = fn;
+  ctl_.n = n;
+  ctl_.step = step;
+  ctl_.q = int32_t(chunks / shares);
+  ctl_.r = int32_t(chunks % shares);
+  ctl_.shares.store(int32_t(shares), std::memory_order_relaxed);
+  if (++ctl_.seq == uint64_t(1) << kSeqBits) {
+    // After 2^40 regions the seq would come round to a counter's old one: start the counters
+    // afresh (no worker is inside a region now).
+    ctl_.seq = 1;
+    for (Slot& sl : slots_) sl.next.store(0, std::memory_order_relaxed);
   }
-  const int64_t max_join = n_shares_ - 1;
-  max_join_.store(max_join, std::memory_order_relaxed);
-  const uint32_t tag = region_.load(std::memory_order_relaxed) + 1;  // odd: open
-  region_.store(tag);  // publishes the region's state to the workers that load this tag
-  if (sleepers_.load() > 0) futex_wake(region_, INT_MAX);
+  const uint32_t tag = ctl_.tag.load(std::memory_order_relaxed) + 1;  // odd: open
+  ctl_.tag.store(tag);  // publishes the region's state to the workers that load this tag
+  if (sleepers_.load() > 0) futex_wake(ctl_.tag, INT_MAX);
   tls_in_region = true;
   std::exception_ptr error;
   try {
@@ -163,12 +186,12 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
     // Workers may still be inside the region and read its state: stop handing out chunks, wait
     // for them below, then rethrow.
     error = std::current_exception();
-    for (int64_t s = 0; s < n_shares_; ++s) shares_[size_t(s)].next.store(shares_[size_t(s)].end, std::memory_order_relaxed);
+    for (int64_t s = 0; s < shares; ++s) slots_[size_t(s)].next.store(ctl_.seq << kChunkBits | kStopped);
   }
   tls_in_region = false;
   // Close the region: workers that have not joined yet never will. Wait for those inside.
-  region_.store(tag + 1);
-  for (int64_t k = 1; k <= max_join; ++k)
+  ctl_.tag.store(tag + 1);
+  for (int64_t k = 1; k < shares; ++k)
     if (slots_[size_t(k)].joined.load() == tag) wait_for_worker(k, tag);
   if (error) std::rethrow_exception(error);
 }

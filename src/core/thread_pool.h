@@ -56,44 +56,53 @@ class ThreadPool {
  private:
   void worker_loop(int64_t slot, uint32_t seen);
   void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn);
-  // Runs chunks of `slot`'s share, then takes what is left of the others' shares.
+  // Runs the chunks of `slot`'s share, then takes what is left of the others' shares.
   void work_chunks(int64_t slot);
-  void run_chunk(int64_t chunk) { (*fn_)(chunk * step_, std::min(n_, (chunk + 1) * step_)); }
+  // Runs the chunks left of share s.
+  void work_share(int64_t s);
   // Waits until worker `slot`, which joined the region `tag`, has left it.
   void wait_for_worker(int64_t slot, uint32_t tag);
 
   std::vector<std::thread> workers_;
   std::mutex submit_;  // one region at a time; a second caller runs inline
-  // The current region. Written by the caller before it opens the region, read by workers only
-  // after they have joined it (so it cannot change under them).
-  const FnRef<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, step_ = 1;
-  // Workers 1..max_join_ take part: one per share beyond the caller's. A region of 4 chunks on
-  // 16 cores then wakes 3 workers into it, not 15 that the caller must wait out.
-  std::atomic<int64_t> max_join_{0};  // written before the region opens; read by workers joining
-  // The region's chunks in contiguous shares, one per thread taking part (the caller's is share
-  // 0, worker k's share k), each with its own counter on its own cache line: a thread takes its
-  // own chunks without contention and only then helps with the others' (a thread that is late or
-  // slow is covered). One shared counter cost ~90 ns a chunk on 16 cores, every thread's
-  // fetch_add queueing on one line: an empty region of 128 chunks took 12 us.
-  struct alignas(64) Share {
-    std::atomic<int64_t> next{0};
-    int64_t end = 0;
+  // Everything a worker reads to join and run a region, on one cache line the caller writes
+  // once per region: each line the caller writes and every worker then reads costs each of them
+  // a transfer from the caller's core, and on a 16-core Xeon those were most of a region's cost.
+  // The fields after `tag` are written before the region opens and read by workers only after
+  // they joined it (so they cannot change under them), except `shares`, read before joining.
+  struct alignas(64) Control {
+    // Odd while a region is open, even once closed; +1 at each opening and closing. Idle
+    // workers spin on it, then sleep on it as a futex word.
+    std::atomic<uint32_t> tag{0};
+    // Threads taking part: the caller (share 0) and workers 1..shares-1, one per share. A
+    // region of 4 chunks on 16 cores then wakes 3 workers into it, not 15 the caller must wait out.
+    std::atomic<int32_t> shares{0};
+    // Share s holds chunks [s·q + min(s, r), +q + (s < r)): no thread divides to find its share.
+    int32_t q = 0, r = 0;
+    uint64_t seq = 0;  // regions opened so far: the tag of the share counters (see Slot)
+    int64_t n = 0, step = 1;
+    static constexpr auto kNoChunks = [](int64_t, int64_t) {};
+    // The caller's FnRef copied here: the workers need not read it off the caller's stack.
+    FnRef<void(int64_t, int64_t)> fn{kNoChunks};
   };
-  std::vector<Share> shares_;
-  int64_t n_shares_ = 0;
-  // Each worker's own line: the tag of the region it joined, the tag again once it has left, and
-  // whether the caller sleeps on `done`. Joining and leaving write only the worker's line, so 15
-  // workers do not queue on one shared counter twice a region (the caller reads their lines).
-  struct alignas(64) Slot {
-    std::atomic<uint32_t> joined{0}, done{0}, caller_waits{0};
-  };
-  std::vector<Slot> slots_;
-  // The region's tag: odd while it is open, even once closed; +1 at each opening and closing.
-  // Idle workers spin on it, then sleep on it as a futex word.
-  alignas(64) std::atomic<uint32_t> region_{0};
+  Control ctl_;
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
+  // Per thread (index 0 the caller's): the worker's handshake with the caller, and its share's
+  // chunk counter, each on its own line. Joining and leaving write only the worker's line, so
+  // 15 workers do not queue on one shared counter twice a region (the caller reads their lines).
+  // A share's chunks are contiguous; its owner takes them first without contention, and a
+  // thread done with its own helps with the others' (a thread that is late or slow is covered).
+  // The counter holds the region's seq in its high bits and the next chunk in the low
+  // kChunkBits: the first claim of a region finds an old seq and starts from the share's first
+  // chunk, so the caller never writes the counters (which would cost each owner a transfer).
+  static constexpr int kChunkBits = 24, kSeqBits = 64 - kChunkBits;
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> joined{0}, done{0}, caller_waits{0};
+    alignas(64) std::atomic<uint64_t> next{0};
+  };
+  std::vector<Slot> slots_;
 };
+
 
 }  // namespace mb
