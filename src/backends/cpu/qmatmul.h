@@ -17,7 +17,9 @@
 //   y = Σ_blocks fma(float(Σ c·q - 128·Σq), d·dx, ·)
 // one product per block (its b term would be the largest, and cancel the most).
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -65,6 +67,14 @@ struct QPacked {
   const uint8_t* scales(int64_t g, int64_t u) const { return group(g) + size_t(u) * unit_scales; }
   const uint8_t* codes(int64_t g, int64_t u) const { return group(g) + scales_bytes + size_t(u) * unit_codes; }
   size_t bytes() const { return size_t(groups) * group_bytes; }
+  // Prefetches group g's scales and the first `ahead` bytes of its codes: a task's kernel
+  // prefetches `ahead` bytes past the block it reads, so without this the start of each task's
+  // stream is demand misses, one after another, until that prefetch gets ahead.
+  void prefetch_start(int64_t g, size_t ahead) const {
+    const char* p = reinterpret_cast<const char*>(group(g));
+    for (size_t off = 0, end = std::min(scales_bytes + ahead, group_bytes); off < end; off += 64)
+      __builtin_prefetch(p + off, 0, 3);
+  }
 };
 
 // Whether `t` with rows of k elements can be packed.

@@ -244,6 +244,7 @@ void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g
   const int64_t stretch = std::max<int64_t>(1, int64_t((size_t(128) << 10) / (wide ? wide_group : w.group_bytes)));
   thread_local Scratch wide_buf;
   uint8_t* buf = wide ? static_cast<uint8_t*>(wide_buf.bytes(size_t(std::min(stretch, g1 - g0)) * wide_group)) : nullptr;
+  if (g0 < g1) w.prefetch_start(g0, kPrefetch);
   for (int64_t gs = g0; gs < g1; gs += stretch) {
     const int64_t ge = std::min(g1, gs + stretch);
     if (wide) {

@@ -181,6 +181,7 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
 
 template <DType T>
 void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+  if (g0 < g1) w.prefetch_start(g0, kPrefetch);
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t valid = std::min<int64_t>(kQRows, w.m - g * kQRows);
     const __mmask16 rows = __mmask16((1u << valid) - 1u);
