@@ -19,7 +19,6 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
