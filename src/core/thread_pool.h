@@ -85,6 +85,7 @@ class ThreadPool {
     // The caller's FnRef copied here: the workers need not read it off the caller's stack.
     FnRef<void(int64_t, int64_t)> fn{kNoChunks};
   };
+  static_assert(sizeof(Control) == 64, "a region's state must stay on one cache line");
   Control ctl_;
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
@@ -103,6 +104,5 @@ class ThreadPool {
   };
   std::vector<Slot> slots_;
 };
-
 
 }  // namespace mb
