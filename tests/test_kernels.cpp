@@ -3,9 +3,11 @@
 // within f32 rounding; the thread pool's contract.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -656,6 +658,37 @@ TEST(ThreadPoolContract, OversubscribedRegionsLoseNoChunk) {
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "region " << r << " index " << i;
   }
+}
+
+// Regions that carry an Ahead (the successor's streams, for the workers to prefetch) run their
+// chunks exactly as without one, whatever the plan: one that matches the next region, one whose
+// ranges overrun the buffer or are empty, a null base, a budget far beyond what fits between two
+// regions (the workers must leave it when the next region opens), and regions without a plan in
+// between. The buffer the plans point at is only ever read.
+TEST(ThreadPoolContract, RegionsWithAheadPlansLoseNoChunk) {
+  std::vector<uint8_t> buf(size_t(32) << 20, 7);
+  for (int threads : {2, 5, 4 * int(std::max(1u, std::thread::hardware_concurrency()))}) {
+    mb::ThreadPool pool(threads);
+    std::mt19937 rng(11);
+    for (int r = 0; r < 1500; ++r) {
+      const int64_t n = 1 + int64_t(rng() % 400), grain = 1 + int64_t(rng() % 8);
+      mb::ThreadPool::Ahead ahead;
+      ahead.n = 1 + int64_t(rng() % 400);
+      ahead.grain = 1 + int64_t(rng() % 8);
+      ahead.budget = r % 7 == 0 ? buf.size() : size_t(rng() % (256 << 10));
+      ahead.streams = int(rng() % 4);
+      for (int i = 0; i < ahead.streams; ++i) {
+        const int32_t lo = int32_t(rng() % 300), hi = lo + int32_t(rng() % 200);
+        ahead.s[i] = {r % 11 == 0 ? nullptr : buf.data(), lo, hi, size_t(1) << (rng() % 18)};
+      }
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      }, r % 3 == 2 ? nullptr : &ahead);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << threads << " " << r << " " << i;
+    }
+  }
+  EXPECT_EQ(std::count(buf.begin(), buf.end(), uint8_t(7)), std::ptrdiff_t(buf.size()));
 }
 
 TEST(ThreadPoolContract, SleepsAndWakesBetweenRegions) {

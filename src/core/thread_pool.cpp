@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <exception>
 
 #if defined(__linux__)
@@ -143,12 +144,84 @@ void ThreadPool::worker_loop(int64_t slot, uint32_t seen) {
     if (stop_.load(std::memory_order_relaxed)) return;
     const uint32_t tag = ctl_.tag.load(std::memory_order_acquire);
     seen = tag;
-    if (!(tag & 1u) || slot >= ctl_.shares.load(std::memory_order_relaxed)) continue;
-    me.joined.store(tag);
-    if (ctl_.tag.load() == tag) work_chunks(slot);
-    me.done.store(tag);
-    if (me.caller_waits.load()) futex_wake(me.done, 1);
+    if (!(tag & 1u)) continue;
+    if (slot < ctl_.shares.load(std::memory_order_relaxed)) {
+      me.joined.store(tag);
+      if (ctl_.tag.load() == tag) work_chunks(slot);
+      me.done.store(tag);
+      if (me.caller_waits.load()) futex_wake(me.done, 1);
+    }
+    fetch_ahead(slot, tag);
   }
+}
+
+int64_t ThreadPool::chunk_step(int64_t n, int64_t grain) const {
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  if (workers_.empty() || max_chunks <= 1) return 0;
+  // Several chunks per thread: uneven costs (attention over growing contexts) and a thread that
+  // loses its core for a while balance themselves, and the last chunk leaves little idle time.
+  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 8);
+  return (n + chunks - 1) / chunks;
+}
+
+void ThreadPool::post_ahead(const Ahead* ahead, uint32_t tag) {
+  if (!ahead || ahead->streams <= 0 || ahead->budget == 0 || ahead->n <= 0) {
+    if (ahead_.region.load(std::memory_order_relaxed) != 0) ahead_.region.store(0, std::memory_order_release);
+    return;
+  }
+  ahead_.region.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  const int streams = std::min(ahead->streams, Ahead::kStreams);
+  ahead_.w[0].store(uint64_t(ahead->n), std::memory_order_relaxed);
+  ahead_.w[1].store(uint64_t(ahead->grain), std::memory_order_relaxed);
+  ahead_.w[2].store(uint64_t(ahead->budget), std::memory_order_relaxed);
+  ahead_.w[3].store(uint64_t(streams), std::memory_order_relaxed);
+  for (int i = 0; i < streams; ++i) {
+    const Ahead::Stream& st = ahead->s[i];
+    ahead_.w[4 + 3 * i].store(uint64_t(reinterpret_cast<uintptr_t>(st.base)), std::memory_order_relaxed);
+    ahead_.w[5 + 3 * i].store(uint64_t(uint32_t(st.lo)) | uint64_t(uint32_t(st.hi)) << 32, std::memory_order_relaxed);
+    ahead_.w[6 + 3 * i].store(uint64_t(st.stride), std::memory_order_relaxed);
+  }
+  ahead_.region.store(tag, std::memory_order_release);
+}
+
+void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
+  if (ahead_.region.load(std::memory_order_acquire) != tag) return;
+  uint64_t w[kAheadWords];
+  for (int i = 0; i < kAheadWords; ++i) w[i] = ahead_.w[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (ahead_.region.load(std::memory_order_relaxed) != tag) return;  // rewritten meanwhile
+  const int64_t n = int64_t(w[0]), step = chunk_step(n, int64_t(w[1]));
+  const int streams = int(std::min<uint64_t>(w[3], Ahead::kStreams));
+  if (step == 0) return;  // the successor runs on the caller alone
+  const int64_t chunks = (n + step - 1) / step, shares = std::min<int64_t>(chunks, size());
+  if (slot >= shares) return;
+  const int64_t q = chunks / shares, r = chunks % shares, c0 = slot * q + std::min(slot, r),
+                j0 = c0 * step, j1 = std::min(n, (c0 + q + (slot < r)) * step);
+  struct Range {
+    const char* p;
+    size_t len;
+  } ranges[Ahead::kStreams];
+  int m = 0;
+  for (int i = 0; i < streams; ++i) {
+    const int64_t lo = int64_t(uint32_t(w[5 + 3 * i])), hi = int64_t(w[5 + 3 * i] >> 32);
+    const int64_t a = std::max(j0, lo), b = std::min(j1, hi);
+    const size_t stride = size_t(w[6 + 3 * i]);
+    if (a < b) ranges[m++] = {reinterpret_cast<const char*>(uintptr_t(w[4 + 3 * i])) + size_t(a - lo) * stride, size_t(b - a) * stride};
+  }
+  if (m == 0) return;
+  const size_t per = size_t(w[2]) / size_t(m);
+  for (int i = 0; i < m; ++i)
+    for (size_t off = 0, len = std::min(per, ranges[i].len); off < len; off += 64) {
+      // A prefetch waits for a free fill buffer, so this loop runs at memory speed: leave it as
+      // soon as the next region opens (this thread's share there starts where it stopped).
+      if (off % 1024 == 0) {
+        const uint32_t now = ctl_.tag.load(std::memory_order_relaxed);
+        if (now != tag && now != tag + 1) return;
+      }
+      __builtin_prefetch(ranges[i].p + off, 0, 2);
+    }
 }
 
 void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {
@@ -161,7 +234,7 @@ void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {
   s.caller_waits.store(0, std::memory_order_relaxed);
 }
 
-void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) {
+void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead) {
   const int64_t chunks = (n + step - 1) / step, shares = std::min<int64_t>(chunks, int64_t(slots_.size()));
   ctl_.fn = fn;
   ctl_.n = n;
@@ -176,6 +249,7 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
     for (Slot& sl : slots_) sl.next.store(0, std::memory_order_relaxed);
   }
   const uint32_t tag = ctl_.tag.load(std::memory_order_relaxed) + 1;  // odd: open
+  post_ahead(ahead, tag);
   ctl_.tag.store(tag);  // publishes the region's state to the workers that load this tag
   if (sleepers_.load() > 0) futex_wake(ctl_.tag, INT_MAX);
   tls_in_region = true;
@@ -197,10 +271,13 @@ void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn) 
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn) {
+  parallel_for(n, grain, fn, nullptr);
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead) {
   if (n <= 0) return;
-  grain = std::max<int64_t>(grain, 1);
-  const int64_t max_chunks = (n + grain - 1) / grain;
-  if (workers_.empty() || max_chunks <= 1 || tls_in_region) {
+  const int64_t step = chunk_step(n, grain);
+  if (step == 0 || tls_in_region) {
     fn(0, n);
     return;
   }
@@ -209,10 +286,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int6
     fn(0, n);
     return;
   }
-  // Several chunks per thread: uneven costs (attention over growing contexts) and a thread that
-  // loses its core for a while balance themselves, and the last chunk leaves little idle time.
-  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 8);
-  run(n, (n + chunks - 1) / chunks, fn);
+  run(n, step, fn, ahead);
 }
 
 void ThreadPool::run_on_all(FnRef<void(int, int)> fn) {
@@ -225,7 +299,7 @@ void ThreadPool::run_on_all(FnRef<void(int, int)> fn) {
   auto each = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) fn(int(i), nt);
   };
-  run(nt, 1, each);
+  run(nt, 1, each, nullptr);
 }
 
 namespace {

@@ -46,6 +46,29 @@ class ThreadPool {
   // chunk, when called from inside a region, or when another thread holds the pool.
   void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn);
 
+  // What the region after this one will read, for the workers to fetch into their caches once
+  // they are done with this one. Memory is idle while the caller runs the serial work between
+  // two regions and while the workers hand a region over; a caller that knows what comes next
+  // (a decode step's matmuls come in the same order every step) can have those bytes on their
+  // way meanwhile. The successor is parallel_for(n, grain) over items [0, n); item j of stream i
+  // (lo <= j < hi) is the `stride` bytes at base + (j - lo)·stride. Each worker fetches up to
+  // `budget` bytes from the start of its own share of the successor (its share is the one it
+  // runs first), into L2, and stops as soon as another region opens. Only a hint: stale or wrong
+  // addresses cost bandwidth, never a fault (prefetches do not fault).
+  struct Ahead {
+    static constexpr int kStreams = 3;
+    struct Stream {
+      const void* base = nullptr;
+      int32_t lo = 0, hi = 0;
+      size_t stride = 0;
+    };
+    int64_t n = 0, grain = 1;
+    size_t budget = 0;
+    int streams = 0;
+    Stream s[kStreams];
+  };
+  void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
+
   // Calls fn(i, size()) once for each i in [0, size()), normally each on its own thread (a late
   // worker's index is run by whichever thread is free).
   void run_on_all(FnRef<void(int, int)> fn);
@@ -55,7 +78,12 @@ class ThreadPool {
 
  private:
   void worker_loop(int64_t slot, uint32_t seen);
-  void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn);
+  void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
+  // The chunk size parallel_for gives n items of at least `grain` (0: one chunk, run inline).
+  int64_t chunk_step(int64_t n, int64_t grain) const;
+  // Publishes `ahead` for the region `tag` (null: none), and fetches slot's part of it.
+  void post_ahead(const Ahead* ahead, uint32_t tag);
+  void fetch_ahead(int64_t slot, uint32_t tag);
   // Runs the chunks of `slot`'s share, then takes what is left of the others' shares.
   void work_chunks(int64_t slot);
   // Runs the chunks left of share s.
@@ -103,6 +131,16 @@ class ThreadPool {
     alignas(64) std::atomic<uint64_t> next{0};
   };
   std::vector<Slot> slots_;
+  // The Ahead of the open region, as a seqlock: `region` is the region's tag while the words
+  // are valid and 0 while the caller rewrites them, so a worker still reading the previous
+  // region's copy can tell that it changed under it. Words: n, grain, budget, streams, then
+  // per stream base, lo | hi << 32, stride.
+  static constexpr int kAheadWords = 4 + 3 * Ahead::kStreams;
+  struct alignas(64) AheadWords {
+    std::atomic<uint32_t> region{0};
+    std::atomic<uint64_t> w[kAheadWords];
+  };
+  AheadWords ahead_;
 };
 
 }  // namespace mb

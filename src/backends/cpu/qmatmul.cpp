@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/env_flag.h"
@@ -336,6 +337,39 @@ int64_t group_grain(int64_t bytes, int64_t groups, int64_t n) {
   return std::max<int64_t>(1, std::min((int64_t(1) << 16) / std::max<int64_t>(1, work), groups / std::max<int64_t>(1, threads)));
 }
 
+// Bytes of the next region each worker fetches ahead (ThreadPool::Ahead): MARKBASE_AHEAD_KB,
+// default 128; 0 turns it off. A worker stops once the next region opens, so the budget only
+// bounds the long gaps (attention). xeon-16c, E2B q4_0 decode: +6-14% at 64-192 KB, 128 KB among
+// the best (docs/benchmarks.md, seventh pass).
+size_t ahead_budget() {
+  static const size_t kb = [] {
+    const char* e = std::getenv("MARKBASE_AHEAD_KB");
+    return e && *e ? size_t(std::strtoull(e, nullptr, 10)) : size_t(128);
+  }();
+  return kb << 10;
+}
+
+// The matmul regions of a forward pass come in the same order every step (Q/K/V, the output
+// projection, gate/up, down, the per-layer-embedding pair, the next layer's Q/K/V, ...). Each
+// region is launched with the Ahead of the region that followed it last time on this thread, so
+// the workers fetch the start of their next share while the caller runs the norms, RoPE and
+// attention in between. A wrong guess (the first step, a new model) only costs bandwidth.
+const ThreadPool::Ahead* ahead_after(const void* key, const ThreadPool::Ahead& self) {
+  struct Trace {
+    const void* last = nullptr;
+    std::unordered_map<const void*, ThreadPool::Ahead> next;
+  };
+  thread_local Trace t;
+  if (self.budget == 0) return nullptr;
+  if (t.last) {
+    if (t.next.size() >= 4096) t.next.clear();  // weights of models long gone
+    t.next[t.last] = self;
+  }
+  t.last = key;
+  const auto it = t.next.find(key);
+  return it == t.next.end() ? nullptr : &it->second;
+}
+
 // x[n, k] quantized into the calling thread's activations, which the region's tasks then read
 // from the workers (a reference, so the tasks do not name a worker's own thread_local).
 const QActs& quantized_on_caller(const float* x, int64_t ldx, int64_t n, int64_t k) {
@@ -358,13 +392,19 @@ void run_matmuls_on(QMatmulFn fn, const std::vector<const QPacked*>& ws, const Q
     first[i + 1] = first[i] + ws[i]->groups;
     bytes += int64_t(ws[i]->bytes());
   }
-  const int64_t total = first.back();
-  ThreadPool::global().parallel_for(total, group_grain(bytes, total, n), [&](int64_t b, int64_t e) {
+  const int64_t total = first.back(), grain = group_grain(bytes, total, n);
+  ThreadPool::Ahead self;
+  self.n = total;
+  self.grain = grain;
+  self.budget = ahead_budget();
+  for (size_t i = 0; i < ws.size() && self.streams < ThreadPool::Ahead::kStreams; ++i)
+    self.s[self.streams++] = {ws[i]->group(0), int32_t(first[i]), int32_t(first[i + 1]), ws[i]->group_bytes};
+  ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < ws.size() && b < e; ++i) {
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
       if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
     }
-  });
+  }, ahead_after(ws[0], self));
 }
 
 // The same for x [n, k] in floats, quantized once on the caller.
@@ -390,6 +430,13 @@ void gate_up_region(QMatmulFn fn, const QPacked& gate, const QPacked& up, const 
   const KernelTable& K = kernels();
   const int64_t m = gate.m, units = (gate.groups + unit - 1) / unit;
   const int64_t grain = (group_grain(int64_t(gate.bytes() + up.bytes()), gate.groups, n) + unit - 1) / unit;
+  ThreadPool::Ahead self;
+  self.n = units;
+  self.grain = grain;
+  self.budget = ahead_budget();
+  self.streams = 2;
+  self.s[0] = {gate.group(0), 0, int32_t(units), size_t(unit) * gate.group_bytes};
+  self.s[1] = {up.group(0), 0, int32_t(units), size_t(unit) * up.group_bytes};
   ThreadPool::global().parallel_for(units, grain, [&](int64_t b, int64_t e) {
     const int64_t g0 = b * unit, g1 = std::min(gate.groups, e * unit);
     fn(gate, acts, out, m, g0, g1, 0, n);
@@ -399,7 +446,7 @@ void gate_up_region(QMatmulFn fn, const QPacked& gate, const QPacked& up, const 
     const int64_t r0 = g0 * kQRows, r1 = std::min(m, g1 * kQRows);
     for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
     after(r0, r1);
-  });
+  }, ahead_after(&gate, self));
 }
 
 }  // namespace
