@@ -199,16 +199,19 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
   if (slot >= shares) return;
   const int64_t q = chunks / shares, r = chunks % shares, c0 = slot * q + std::min(slot, r),
                 j0 = c0 * step, j1 = std::min(n, (c0 + q + (slot < r)) * step);
+  // Addresses as integers: a plan may point past its buffer (or at nothing), which a prefetch
+  // may do and pointer arithmetic may not.
   struct Range {
-    const char* p;
+    uintptr_t p;
     size_t len;
   } ranges[Ahead::kStreams];
   int m = 0;
   for (int i = 0; i < streams; ++i) {
     const int64_t lo = int64_t(uint32_t(w[5 + 3 * i])), hi = int64_t(w[5 + 3 * i] >> 32);
     const int64_t a = std::max(j0, lo), b = std::min(j1, hi);
+    const uintptr_t base = uintptr_t(w[4 + 3 * i]);
     const size_t stride = size_t(w[6 + 3 * i]);
-    if (a < b) ranges[m++] = {reinterpret_cast<const char*>(uintptr_t(w[4 + 3 * i])) + size_t(a - lo) * stride, size_t(b - a) * stride};
+    if (base != 0 && a < b) ranges[m++] = {base + size_t(a - lo) * stride, size_t(b - a) * stride};
   }
   if (m == 0) return;
   const size_t per = size_t(w[2]) / size_t(m);
@@ -220,7 +223,7 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
         const uint32_t now = ctl_.tag.load(std::memory_order_relaxed);
         if (now != tag && now != tag + 1) return;
       }
-      __builtin_prefetch(ranges[i].p + off, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const void*>(ranges[i].p + off), 0, 2);
     }
 }
 

@@ -81,8 +81,9 @@ class ThreadPool {
   void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
   // The chunk size parallel_for gives n items of at least `grain` (0: one chunk, run inline).
   int64_t chunk_step(int64_t n, int64_t grain) const;
-  // Publishes `ahead` for the region `tag` (null: none), and fetches slot's part of it.
+  // Publishes `ahead` (null: none) as the plan of the region about to open with `tag`.
   void post_ahead(const Ahead* ahead, uint32_t tag);
+  // Prefetches slot's part of region `tag`'s plan, if it still has that plan.
   void fetch_ahead(int64_t slot, uint32_t tag);
   // Runs the chunks of `slot`'s share, then takes what is left of the others' shares.
   void work_chunks(int64_t slot);
