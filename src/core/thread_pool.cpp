@@ -99,7 +99,7 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::work_share(int64_t s) {
   constexpr uint64_t kIndex = (uint64_t(1) << kChunkBits) - 1;
   std::atomic<uint64_t>& next = slots_[size_t(s)].next;
-  const uint64_t seq = ctl_.seq, first = uint64_t(s * ctl_.q + std::min<int64_t>(s, ctl_.r)),
+  const uint64_t seq = ctl_.seq, first = uint64_t(Split::first_of(s, ctl_.q, ctl_.r)),
                  end = first + uint64_t(ctl_.q + (s < ctl_.r));
   auto run_chunk = [&](uint64_t c) { ctl_.fn(int64_t(c) * ctl_.step, std::min(ctl_.n, (int64_t(c) + 1) * ctl_.step)); };
   // The region's first claim on the share finds an older seq and takes the share's first chunk.
@@ -155,14 +155,21 @@ void ThreadPool::worker_loop(int64_t slot, uint32_t seen) {
   }
 }
 
-int64_t ThreadPool::chunk_step(int64_t n, int64_t grain) const {
+ThreadPool::Split ThreadPool::split(int64_t n, int64_t grain) const {
+  Split sp;
+  sp.n = n;
   grain = std::max<int64_t>(grain, 1);
   const int64_t max_chunks = (n + grain - 1) / grain;
-  if (workers_.empty() || max_chunks <= 1) return 0;
+  if (workers_.empty() || max_chunks <= 1) return sp;
   // Several chunks per thread: uneven costs (attention over growing contexts) and a thread that
   // loses its core for a while balance themselves, and the last chunk leaves little idle time.
-  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t(size()) * 8);
-  return (n + chunks - 1) / chunks;
+  const int64_t wanted = std::min<int64_t>(max_chunks, int64_t(size()) * 8);
+  sp.step = (n + wanted - 1) / wanted;
+  const int64_t chunks = (n + sp.step - 1) / sp.step;
+  sp.shares = std::min<int64_t>(chunks, size());
+  sp.q = int32_t(chunks / sp.shares);
+  sp.r = int32_t(chunks % sp.shares);
+  return sp;
 }
 
 void ThreadPool::post_ahead(const Ahead* ahead, uint32_t tag) {
@@ -173,15 +180,18 @@ void ThreadPool::post_ahead(const Ahead* ahead, uint32_t tag) {
   ahead_.region.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   const int streams = std::min(ahead->streams, Ahead::kStreams);
-  ahead_.w[0].store(uint64_t(ahead->n), std::memory_order_relaxed);
-  ahead_.w[1].store(uint64_t(ahead->grain), std::memory_order_relaxed);
-  ahead_.w[2].store(uint64_t(ahead->budget), std::memory_order_relaxed);
-  ahead_.w[3].store(uint64_t(streams), std::memory_order_relaxed);
+  const Split sp = split(ahead->n, ahead->grain);
+  ahead_.w[0].store(uint64_t(sp.n), std::memory_order_relaxed);
+  ahead_.w[1].store(uint64_t(sp.step), std::memory_order_relaxed);
+  ahead_.w[2].store(uint64_t(uint32_t(sp.q)) | uint64_t(uint32_t(sp.r)) << 32, std::memory_order_relaxed);
+  ahead_.w[3].store(uint64_t(sp.shares), std::memory_order_relaxed);
+  ahead_.w[4].store(uint64_t(ahead->budget), std::memory_order_relaxed);
+  ahead_.w[5].store(uint64_t(streams), std::memory_order_relaxed);
   for (int i = 0; i < streams; ++i) {
     const Ahead::Stream& st = ahead->s[i];
-    ahead_.w[4 + 3 * i].store(uint64_t(reinterpret_cast<uintptr_t>(st.base)), std::memory_order_relaxed);
-    ahead_.w[5 + 3 * i].store(uint64_t(uint32_t(st.lo)) | uint64_t(uint32_t(st.hi)) << 32, std::memory_order_relaxed);
-    ahead_.w[6 + 3 * i].store(uint64_t(st.stride), std::memory_order_relaxed);
+    ahead_.w[6 + 3 * i].store(uint64_t(reinterpret_cast<uintptr_t>(st.base)), std::memory_order_relaxed);
+    ahead_.w[7 + 3 * i].store(uint64_t(uint32_t(st.lo)) | uint64_t(uint32_t(st.hi)) << 32, std::memory_order_relaxed);
+    ahead_.w[8 + 3 * i].store(uint64_t(st.stride), std::memory_order_relaxed);
   }
   ahead_.region.store(tag, std::memory_order_release);
 }
@@ -192,13 +202,16 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
   for (int i = 0; i < kAheadWords; ++i) w[i] = ahead_.w[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (ahead_.region.load(std::memory_order_relaxed) != tag) return;  // rewritten meanwhile
-  const int64_t n = int64_t(w[0]), step = chunk_step(n, int64_t(w[1]));
-  const int streams = int(std::min<uint64_t>(w[3], Ahead::kStreams));
-  if (step == 0) return;  // the successor runs on the caller alone
-  const int64_t chunks = (n + step - 1) / step, shares = std::min<int64_t>(chunks, size());
-  if (slot >= shares) return;
-  const int64_t q = chunks / shares, r = chunks % shares, c0 = slot * q + std::min(slot, r),
-                j0 = c0 * step, j1 = std::min(n, (c0 + q + (slot < r)) * step);
+  Split sp;
+  sp.n = int64_t(w[0]);
+  sp.step = int64_t(w[1]);
+  sp.q = int32_t(uint32_t(w[2]));
+  sp.r = int32_t(uint32_t(w[2] >> 32));
+  sp.shares = int64_t(w[3]);
+  const int streams = int(std::min<uint64_t>(w[5], Ahead::kStreams));
+  // A successor of one chunk runs on the caller alone; otherwise this slot's share, if it has one.
+  if (sp.step == 0 || slot >= sp.shares) return;
+  const int64_t j0 = sp.first(slot) * sp.step, j1 = std::min(sp.n, sp.end(slot) * sp.step);
   // Addresses as integers: a plan may point past its buffer (or at nothing), which a prefetch
   // may do and pointer arithmetic may not.
   struct Range {
@@ -207,14 +220,14 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
   } ranges[Ahead::kStreams];
   int m = 0;
   for (int i = 0; i < streams; ++i) {
-    const int64_t lo = int64_t(uint32_t(w[5 + 3 * i])), hi = int64_t(w[5 + 3 * i] >> 32);
+    const int64_t lo = int64_t(uint32_t(w[7 + 3 * i])), hi = int64_t(w[7 + 3 * i] >> 32);
     const int64_t a = std::max(j0, lo), b = std::min(j1, hi);
-    const uintptr_t base = uintptr_t(w[4 + 3 * i]);
-    const size_t stride = size_t(w[6 + 3 * i]);
+    const uintptr_t base = uintptr_t(w[6 + 3 * i]);
+    const size_t stride = size_t(w[8 + 3 * i]);
     if (base != 0 && a < b) ranges[m++] = {base + size_t(a - lo) * stride, size_t(b - a) * stride};
   }
   if (m == 0) return;
-  const size_t per = size_t(w[2]) / size_t(m);
+  const size_t per = size_t(w[4]) / size_t(m);
   for (int i = 0; i < m; ++i)
     for (size_t off = 0, len = std::min(per, ranges[i].len); off < len; off += 64) {
       // A prefetch waits for a free fill buffer, so this loop runs at memory speed: leave it as
@@ -237,13 +250,13 @@ void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {
   s.caller_waits.store(0, std::memory_order_relaxed);
 }
 
-void ThreadPool::run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead) {
-  const int64_t chunks = (n + step - 1) / step, shares = std::min<int64_t>(chunks, int64_t(slots_.size()));
+void ThreadPool::run(const Split& sp, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead) {
+  const int64_t shares = sp.shares;
   ctl_.fn = fn;
-  ctl_.n = n;
-  ctl_.step = step;
-  ctl_.q = int32_t(chunks / shares);
-  ctl_.r = int32_t(chunks % shares);
+  ctl_.n = sp.n;
+  ctl_.step = sp.step;
+  ctl_.q = sp.q;
+  ctl_.r = sp.r;
   ctl_.shares.store(int32_t(shares), std::memory_order_relaxed);
   if (++ctl_.seq == uint64_t(1) << kSeqBits) {
     // After 2^40 regions the seq would come round to a counter's old one: start the counters
@@ -279,8 +292,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int6
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead) {
   if (n <= 0) return;
-  const int64_t step = chunk_step(n, grain);
-  if (step == 0 || tls_in_region) {
+  const Split sp = split(n, grain);
+  if (sp.step == 0 || tls_in_region) {
     fn(0, n);
     return;
   }
@@ -289,7 +302,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int6
     fn(0, n);
     return;
   }
-  run(n, step, fn, ahead);
+  run(sp, fn, ahead);
 }
 
 void ThreadPool::run_on_all(FnRef<void(int, int)> fn) {
@@ -302,7 +315,7 @@ void ThreadPool::run_on_all(FnRef<void(int, int)> fn) {
   auto each = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) fn(int(i), nt);
   };
-  run(nt, 1, each, nullptr);
+  run(split(nt, 1), each, nullptr);
 }
 
 namespace {

@@ -78,9 +78,18 @@ class ThreadPool {
 
  private:
   void worker_loop(int64_t slot, uint32_t seen);
-  void run(int64_t n, int64_t step, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
-  // The chunk size parallel_for gives n items of at least `grain` (0: one chunk, run inline).
-  int64_t chunk_step(int64_t n, int64_t grain) const;
+  // How parallel_for(n, grain) cuts [0, n): chunks of `step` items (0: a single chunk, run
+  // inline), one share per thread taking part, share s holding chunks [first(s), end(s)). A
+  // region and the workers' fetches ahead of it both take their split from here.
+  struct Split {
+    int64_t n = 0, step = 0, shares = 0;
+    int32_t q = 0, r = 0;
+    static int64_t first_of(int64_t s, int64_t q, int64_t r) { return s * q + (s < r ? s : r); }
+    int64_t first(int64_t s) const { return first_of(s, q, r); }
+    int64_t end(int64_t s) const { return first(s) + q + (s < r); }
+  };
+  Split split(int64_t n, int64_t grain) const;
+  void run(const Split& split, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
   // Publishes `ahead` (null: none) as the plan of the region about to open with `tag`.
   void post_ahead(const Ahead* ahead, uint32_t tag);
   // Prefetches slot's part of region `tag`'s plan, if it still has that plan.
@@ -134,9 +143,10 @@ class ThreadPool {
   std::vector<Slot> slots_;
   // The Ahead of the open region, as a seqlock: `region` is the region's tag while the words
   // are valid and 0 while the caller rewrites them, so a worker still reading the previous
-  // region's copy can tell that it changed under it. Words: n, grain, budget, streams, then
-  // per stream base, lo | hi << 32, stride.
-  static constexpr int kAheadWords = 4 + 3 * Ahead::kStreams;
+  // region's copy can tell that it changed under it. Words: the successor's Split (n, step,
+  // q | r << 32, shares), the budget and the number of streams, then per stream base,
+  // lo | hi << 32, stride.
+  static constexpr int kAheadWords = 6 + 3 * Ahead::kStreams;
   struct alignas(64) AheadWords {
     std::atomic<uint32_t> region{0};
     std::atomic<uint64_t> w[kAheadWords];

@@ -349,6 +349,15 @@ size_t ahead_budget() {
   return kb << 10;
 }
 
+// A region's own plan: n items in chunks of at least `grain`, the streams still to add.
+ThreadPool::Ahead ahead_plan(int64_t n, int64_t grain) {
+  ThreadPool::Ahead a;
+  a.n = n;
+  a.grain = grain;
+  a.budget = ahead_budget();
+  return a;
+}
+
 // The matmul regions of a forward pass come in the same order every step (Q/K/V, the output
 // projection, gate/up, down, the per-layer-embedding pair, the next layer's Q/K/V, ...). Each
 // region is launched with the Ahead of the region that followed it last time on this thread, so
@@ -393,10 +402,7 @@ void run_matmuls_on(QMatmulFn fn, const std::vector<const QPacked*>& ws, const Q
     bytes += int64_t(ws[i]->bytes());
   }
   const int64_t total = first.back(), grain = group_grain(bytes, total, n);
-  ThreadPool::Ahead self;
-  self.n = total;
-  self.grain = grain;
-  self.budget = ahead_budget();
+  ThreadPool::Ahead self = ahead_plan(total, grain);
   for (size_t i = 0; i < ws.size() && self.streams < ThreadPool::Ahead::kStreams; ++i)
     self.s[self.streams++] = {ws[i]->group(0), int32_t(first[i]), int32_t(first[i + 1]), ws[i]->group_bytes};
   ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
@@ -430,10 +436,7 @@ void gate_up_region(QMatmulFn fn, const QPacked& gate, const QPacked& up, const 
   const KernelTable& K = kernels();
   const int64_t m = gate.m, units = (gate.groups + unit - 1) / unit;
   const int64_t grain = (group_grain(int64_t(gate.bytes() + up.bytes()), gate.groups, n) + unit - 1) / unit;
-  ThreadPool::Ahead self;
-  self.n = units;
-  self.grain = grain;
-  self.budget = ahead_budget();
+  ThreadPool::Ahead self = ahead_plan(units, grain);
   self.streams = 2;
   self.s[0] = {gate.group(0), 0, int32_t(units), size_t(unit) * gate.group_bytes};
   self.s[1] = {up.group(0), 0, int32_t(units), size_t(unit) * up.group_bytes};
