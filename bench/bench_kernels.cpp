@@ -342,7 +342,7 @@ bool register_all() {
                                    [=](benchmark::State& s) { QMatmul(s, dt, n, 8192, 2048); })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
   for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K})
-    for (int64_t n : {1, 64})
+    for (int64_t n : {1, 8, 64})
       benchmark::RegisterBenchmark(("QMatmulInCache/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
                                    [=](benchmark::State& s) { QMatmulInCache(s, dt, n); })
           ->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -222,4 +222,18 @@ TEST(Bench, SaveOnlyAndMissingTokenizer) {
   fs::remove_all(dir);
 }
 
+TEST(Bench, MembwProbeReportsItsBufferAndRefusesOneTheCachesHold) {
+  auto r = mbtest::run_cli("bench --membw --membw-mb 64 --threads 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto rows = json_lines(r.out);
+  ASSERT_EQ(rows.size(), 1u) << r.out;
+  EXPECT_EQ(rows[0]["membw_mb"], 64);
+  EXPECT_EQ(rows[0]["threads"], 2);
+  const double best = rows[0]["membw_gb_per_s"], median = rows[0]["membw_median_gb_per_s"];
+  EXPECT_TRUE(std::isfinite(best) && std::isfinite(median) && median > 0 && best >= median) << r.out;
+  r = mbtest::run_cli("bench --membw --membw-mb 10");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--membw-mb must be at least 64"), std::string::npos) << r.out;
+}
+
 }  // namespace

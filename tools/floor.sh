@@ -4,7 +4,8 @@
 # just before and just after it, then the median share. Decode speed and bandwidth swing with the
 # neighbours on shared machines, so only a probe taken around each run is a fair floor. The share
 # is given against the probe's best pass (the floor) and, second, against the median of its
-# passes (on a shared machine the best pass can be a moment the neighbours were idle).
+# passes (on a shared machine the best pass can be a moment the neighbours were idle). The probe's
+# buffer is bench's default, at least 20x the L2+L3 caches (MEMBW_MB sets another size in MiB).
 #   tools/floor.sh FILE.gguf [ROUNDS=5] [TG=128]
 # THREADS (default: every CPU this process may use) sets both the probe's and the decode's threads.
 set -euo pipefail
@@ -14,19 +15,20 @@ tg=${3:-128}
 mb=${MARKBASE:-$(dirname "$0")/../build/bin/markbase}
 [[ -x $mb ]] || { echo "no markbase at $mb (tools/build.sh release)" >&2; exit 1; }
 threads=(); [[ -n ${THREADS:-} ]] && threads=(--threads "$THREADS")
-membw() { "$mb" bench --membw "${threads[@]}" --json 2>/dev/null | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["membw_gb_per_s"], j["membw_median_gb_per_s"])'; }
+probe=(); [[ -n ${MEMBW_MB:-} ]] && probe=(--membw-mb "$MEMBW_MB")
+membw() { "$mb" bench --membw "${probe[@]}" "${threads[@]}" --json 2>/dev/null | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["membw_gb_per_s"], j["membw_median_gb_per_s"], j["membw_mb"])'; }
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, threads ${THREADS:-all}; model $model, --pp 16 --tg $tg, $rounds rounds"
 shares=(); mshares=()
 for r in $(seq 1 "$rounds"); do
-  read -r before before_med < <(membw)
+  read -r before before_med buffer_mb < <(membw)
   streamed=$("$mb" bench -m "$model" --pp 16 --tg "$tg" --reps 1 "${threads[@]}" --json 2>/dev/null |
     python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["tg_tokens_per_s"] * j["weight_bytes_per_token"] / 1e9)')
-  read -r after after_med < <(membw)
+  read -r after after_med buffer_mb < <(membw)
   share=$(python3 -c "print(f'{$streamed / (($before + $after) / 2):.3f}')")
   mshare=$(python3 -c "print(f'{$streamed / (($before_med + $after_med) / 2):.3f}')")
   shares+=("$share"); mshares+=("$mshare")
-  printf 'round %d: streamed %.2f GB/s, membw %.1f / %.1f GB/s (medians of the passes %.1f / %.1f), share %s (of the medians %s; load %s)\n' \
-    "$r" "$streamed" "$before" "$after" "$before_med" "$after_med" "$share" "$mshare" "$(cut -d' ' -f1 /proc/loadavg)"
+  printf 'round %d: streamed %.2f GB/s, membw (%d MiB) %.1f / %.1f GB/s (medians of the passes %.1f / %.1f), share %s (of the medians %s; load %s)\n' \
+    "$r" "$streamed" "$buffer_mb" "$before" "$after" "$before_med" "$after_med" "$share" "$mshare" "$(cut -d' ' -f1 /proc/loadavg)"
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 echo "median share of the floor: $(median "${shares[@]}") (of the probes' median passes: $(median "${mshares[@]}"))"

@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
 
 #include <algorithm>
 #include <chrono>
@@ -39,8 +44,50 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Bytes of every L2 and L3 cache of the machine, each shared cache once (Linux sysfs; 0 when it
+// says nothing). CPUID's answer is no use in a VM: this 32 MB-L3 EPYC guest reports 256 MB there.
+size_t cache_bytes() {
+  namespace fs = std::filesystem;
+  std::set<std::string> seen;  // level + the CPUs sharing it: one entry per physical cache
+  size_t total = 0;
+  std::error_code ec;
+  for (const auto& cpu : fs::directory_iterator("/sys/devices/system/cpu", ec)) {
+    const std::string name = cpu.path().filename().string();
+    if (name.rfind("cpu", 0) != 0 || name.size() < 4 || !std::isdigit(static_cast<unsigned char>(name[3]))) continue;
+    for (const auto& idx : fs::directory_iterator(cpu.path() / "cache", ec)) {
+      auto read = [&](const char* f) {
+        std::ifstream in(idx.path() / f);
+        std::string v;
+        std::getline(in, v);
+        return v;
+      };
+      const std::string level = read("level"), type = read("type"), size = read("size");
+      if ((level != "2" && level != "3") || type == "Instruction" || size.empty()) continue;
+      if (!seen.insert(level + "/" + read("shared_cpu_list")).second) continue;
+      char* end = nullptr;
+      size_t bytes = std::strtoull(size.c_str(), &end, 10);
+      if (end && (*end == 'K' || *end == 'k')) bytes <<= 10;
+      else if (end && *end == 'M') bytes <<= 20;
+      total += bytes;
+    }
+  }
+  return total;
+}
+
+// The probe's default buffer: at least 1 GiB and 20x the caches, so that what the caches keep
+// of it between passes is under 5% of a pass. 4x (STREAM's rule) assumes LRU caches; a 300 MB
+// adaptive L3 kept enough of a 1 GiB buffer that its passes' median read 15-26% above an 8 GiB
+// buffer's in the same minute (docs/benchmarks.md, eighth pass). At most a quarter of the RAM.
+size_t default_membw_mb() {
+  const size_t want = std::max<size_t>(size_t(1) << 30, 20 * cache_bytes());
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const size_t cap = pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 4 : want;
+  const size_t bytes = std::max<size_t>(size_t(1) << 30, std::min(want, cap));
+  return (bytes + (size_t(256) << 20) - 1) / (size_t(256) << 20) * 256;  // whole 256 MiB
+}
+
 // Read bandwidth of a buffer much larger than the caches (cpu::read_bandwidth).
-cpu::ReadBandwidth measure_read_bandwidth(size_t bytes = size_t(1) << 30) {
+cpu::ReadBandwidth measure_read_bandwidth(size_t bytes) {
   // Allocated like the packed weights (huge pages where offered), so the floor is what the
   // weights' own memory can deliver.
   std::shared_ptr<uint8_t> mem = alloc_streamed(bytes);
@@ -98,6 +145,7 @@ struct PhaseProfile {
 struct BenchArgs {
   std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer;
   int pp = 512, tg = 128, reps = 3, threads = 0;
+  int64_t membw_mb = 0;  // 0: default_membw_mb()
   bool json = false, membw = false, profile = false;
 };
 
@@ -198,13 +246,16 @@ void run_bench(const BenchArgs& a) {
   if (a.threads > 0) ThreadPool::set_global_threads(a.threads);
   const int threads = ThreadPool::global().size();
   if (a.membw) {
-    const cpu::ReadBandwidth bw = measure_read_bandwidth();
+    MB_CHECK(a.membw_mb == 0 || a.membw_mb >= 64, "bench: --membw-mb must be at least 64 (the probe must not fit the caches), got {}",
+             a.membw_mb);
+    const int64_t probe_mb = a.membw_mb > 0 ? a.membw_mb : int64_t(default_membw_mb());
+    const cpu::ReadBandwidth bw = measure_read_bandwidth(size_t(probe_mb) << 20);
     const double gbs = bw.best / 1e9, median = bw.median / 1e9;
     if (a.json)
-      std::printf("%s\n", nlohmann::json{{"membw_gb_per_s", gbs}, {"membw_median_gb_per_s", median}, {"threads", threads}}
+      std::printf("%s\n", nlohmann::json{{"membw_gb_per_s", gbs}, {"membw_median_gb_per_s", median}, {"membw_mb", probe_mb}, {"threads", threads}}
                               .dump()
                               .c_str());
-    else std::printf("memory read bandwidth: %.1f GB/s (median of the passes %.1f; %d threads)\n", gbs, median, threads);
+    else std::printf("memory read bandwidth: %.1f GB/s (median of the passes %.1f; %d threads, a %lld MiB buffer)\n", gbs, median, threads, static_cast<long long>(probe_mb));
     if (a.model.empty() && a.synthetic.empty()) return;
   }
   MB_CHECK(a.model.empty() != a.synthetic.empty(), "bench: give exactly one of -m PATH or --synthetic NAME");
@@ -374,6 +425,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--reps", a->reps, "repetitions; the median is reported (default 3)");
   cmd->add_flag("--json", a->json, "one JSON object per line per batch size");
   cmd->add_flag("--membw", a->membw, "measure memory read bandwidth");
+  cmd->add_option("--membw-mb", a->membw_mb, "size of the --membw probe's buffer in MiB (default: 1 GiB and at least 20x the L2+L3 caches)");
   cmd->add_flag("--profile", a->profile,
                 "time every backend op and print, per prompt and per decode step, where the time went (stderr)");
   cmd->callback([a] { run_bench(*a); });
