@@ -75,9 +75,9 @@ size_t cache_bytes() {
 }
 
 // The probe's default buffer: at least 1 GiB and 20x the caches, so that what the caches keep
-// of it between passes is under 5% of a pass. 4x (STREAM's rule) assumes LRU caches; a 300 MB
-// adaptive L3 kept enough of a 1 GiB buffer that its passes' median read 15-26% above an 8 GiB
-// buffer's in the same minute (docs/benchmarks.md, eighth pass). At most a quarter of the RAM.
+// of it between passes is under 5% of a pass. On a 16-core Xeon with a 300 MB adaptive L3 the
+// median pass over 1 GiB (~3x the caches) swung 82-131 GB/s within two minutes while 8 GiB held
+// 97-104 (docs/benchmarks.md, eighth pass). At most a quarter of the RAM.
 size_t default_membw_mb() {
   const size_t want = std::max<size_t>(size_t(1) << 30, 20 * cache_bytes());
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
