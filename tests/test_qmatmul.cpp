@@ -290,6 +290,39 @@ TEST(QMatmul, Avx2EqualsScalarTwinBitForBit) {
   expect_equals_scalar_twin(fn, {1, 2, 3, 4, 5, 7, 9, 16}, 9);
 }
 
+// Every code at its largest against activations at +-127: the AVX2 kernel sums a 4-bit block's
+// 8 quads (a 5-bit block's 4) in i16 before widening, which holds exactly up to these bounds
+// (2·15·127·8 = 30480, 2·31·127·4 = 31496 <= 32767). Any kernel that sums more would overflow here.
+TEST(QMatmul, LargestCodesAndActivationsStayExact) {
+  const int64_t m = 32, k = 256, n = 8;
+  std::vector<float> x(size_t(n * k));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < k; ++i) x[size_t(t * k + i)] = (t % 2 ? -1.f : 1.f) * (t == 5 && i % 3 ? 0.5f : 1.f);
+  mb::cpu::QActs a;
+  mb::cpu::quantize_acts(x.data(), k, n, k, a);
+  for (DType t : {DType::Q4_0, DType::Q5_0}) {
+    const size_t rb = mb::dtype_row_bytes(t, k);
+    std::vector<uint8_t> bytes(rb * size_t(m), 0xFF);  // every code bit set
+    for (size_t off = 0; off < bytes.size(); off += mb::dtype_block_bytes(t)) {
+      bytes[off] = 0x00;
+      bytes[off + 1] = 0x3C;  // d = 1.0 (f16)
+    }
+    auto p = mb::cpu::qpack(t, bytes.data(), m, k);
+    std::vector<float> want(size_t(n * m));
+    mb::cpu::qmatmul_ref(*p, a, want.data(), m, 0, p->groups, 0, n);
+    // Token 0: q = 127 everywhere, codes at the top (Q4_0 value 7, Q5_0 value 15).
+    EXPECT_EQ(want[0], float(k) * (t == DType::Q4_0 ? 7.f : 15.f) * (127.f * a.dx[0]));
+    for (mb::cpu::QMatmulFn fn : {mb::cpu::qmatmul_avx2(), mb::cpu::qmatmul_avx512()}) {
+      if (!fn || (fn == mb::cpu::qmatmul_avx2() && !mb::cpu::kernels_for(mb::cpu::Isa::Avx2)) ||
+          (fn == mb::cpu::qmatmul_avx512() && !mb::cpu::cpu_has_avx512_vnni()))
+        continue;
+      std::vector<float> got(size_t(n * m), -1.f);
+      fn(*p, a, got.data(), m, 0, p->groups, 0, n);
+      ASSERT_EQ(got, want) << mb::dtype_name(t);
+    }
+  }
+}
+
 // Whole tiles of 16 tokens run on AMX, the rest on VNNI: sizes on both sides of the tile.
 TEST(QMatmul, AmxEqualsScalarTwinBitForBit) {
   mb::cpu::QMatmulFn fn = mb::cpu::qmatmul_amx();

@@ -7,7 +7,8 @@
 // each group as two halves of 8 rows (lanes are rows, as in the VNNI kernel). VPDPBUSD becomes
 // VPMADDUBSW (u8 x s8 -> i16 pairs) + VPMADDWD (-> i32), as llama.cpp does on AVX2. The i16 sums
 // of several quads are added before widening, never more than fit (|q| <= 127):
-//   4-bit codes 2·15·127 = 3810 per quad, 8 would fit (4 are used);  5-bit 7874, 4;  6-bit 16002, 2.
+//   4-bit codes 2·15·127 = 3810 per quad, 8 fit (all 8 of a block are used);  5-bit 7874, 4;
+//   6-bit 16002, 2.
 // 8-bit codes (Q8_0, c = w + 128) would overflow: their dots run on the signed weights
 // (|w|·sign(q, w), at most 2·128·127 per pair), which is the signed dot the scalar twin scales.
 // Everything after the integer dot is the twin's float operations in its order, so results
@@ -73,10 +74,18 @@ template <DType T> void widen_groups(const QPacked& w, int64_t g0, int64_t g1, u
   }
 }
 
+// 4-bit codes (Q4_0, Q4_K) run their tiles of several tokens over both 8-row halves at once, so
+// that each activation broadcast feeds two products. On Zen 3 a VPBROADCASTD from memory takes
+// an FP pipe like the arithmetic does, and loads into vector registers issue two a cycle; the
+// one-half tile spent most of both on broadcasts. Their 8 quads are then summed in i16 before
+// widening (no i32 partials to hold: the two halves' partials no longer fit the 16 registers).
+// llvm-mca (znver3) schedules Q4_0's 4-token tile at 1.14 cycles per VPMADDUBSW against 1.30
+// for one half at a time; the other types stay faster one half at a time.
+template <DType T> constexpr bool kBothHalves = T == DType::Q4_0 || T == DType::Q4_K;
 // Quads whose i16 products are summed before widening (at most what fits, see the file comment;
-// 4-bit codes would allow 8, but 4 measured 1.15x faster: a shorter chain of dependent adds), and
-// quads per scale (Q6_K's scales change every 16 k).
-template <DType T> constexpr int kQuadsPerWiden = T == DType::Q8_0 ? 1 : T == DType::Q6_K ? 2 : 4;
+// one half or one token at a time, 4 of the 8 a 4-bit block allows measured 1.15x faster than 8:
+// a shorter chain of dependent adds), and quads per scale (Q6_K's scales change every 16 k).
+template <DType T, int NT> constexpr int kQuadsPerWiden = T == DType::Q8_0 ? 1 : T == DType::Q6_K ? 2 : kBothHalves<T> && NT > 1 ? 8 : 4;
 template <DType T> constexpr int kQuadsPerScale = T == DType::Q6_K ? 4 : 8;
 
 inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -121,8 +130,8 @@ constexpr size_t kPrefetch = 2048;
 
 // y rows [8·h0, 8·h0 + 8·NH) of group g (rows past `rows` not written) for tokens [tb, tb + NT):
 // NH halves of 8 rows in one pass over the codes (decode: two independent accumulator chains
-// and one read of each cache line) or one half per call (tiles of several tokens, whose
-// accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
+// and one read of each cache line; 4-bit tiles: see kBothHalves) or one half per call (the other
+// types' tiles of several tokens, whose accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
 // (Wide) its codes widened to 8 bits.
 // Not inlined: each tile shape is its own symbol in a profile, and its registers are allocated
 // for it alone, not for the driver loops around it.
@@ -131,7 +140,7 @@ __attribute__((noinline)) void rows_tokens(const QPacked& w, const QActs& x, con
                  int64_t ldy, int rows) {
   constexpr QLayout Lay = qlayout(T);
   constexpr size_t kBlockCodes = Wide ? 512 : Lay.block_codes;
-  constexpr int kW = kQuadsPerWiden<T>, kS = kQuadsPerScale<T>;
+  constexpr int kW = kQuadsPerWiden<T, NT>, kS = kQuadsPerScale<T>;
   const int64_t nb = w.k / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[NH][NT];
@@ -171,8 +180,12 @@ __attribute__((noinline)) void rows_tokens(const QPacked& w, const QActs& x, con
               for (int t = 0; t < NT; ++t)
                 part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xb + t * w.k + 4 * q), wq)));
             } else {
-              for (int t = 0; t < NT; ++t)
+              for (int t = 0; t < NT; ++t) {
                 part[h][t] = _mm256_add_epi16(part[h][t], _mm256_maddubs_epi16(c, bcast4(xb + t * w.k + 4 * q)));
+                // Without it GCC sums the 8 quads as a tree, holding every product at once, and
+                // a two-half tile spills (the same reassociation Q8_0's dot is kept from).
+                if constexpr (kBothHalves<T> && NT > 1) keep_in_register(part[h][t]);
+              }
             }
           }
         for (int h = 0; h < NH; ++h)
@@ -207,8 +220,8 @@ __attribute__((noinline)) void rows_tokens(const QPacked& w, const QActs& x, con
 template <DType T, int NT, bool Wide>
 void group_tokens(const QPacked& w, const QActs& x, const uint8_t* cb, int64_t g, int64_t tb, float* y, int64_t ldy) {
   const int rows = int(std::min<int64_t>(kQRows, w.m - g * kQRows));
-  if constexpr (NT == 1) {
-    rows_tokens<T, 1, 2, Wide>(w, x, cb, g, 0, tb, y, ldy, rows);
+  if constexpr (NT == 1 || kBothHalves<T>) {
+    rows_tokens<T, NT, 2, Wide>(w, x, cb, g, 0, tb, y, ldy, rows);
   } else {
     for (int h = 0; h < 2 && 8 * h < rows; ++h) rows_tokens<T, NT, 1, Wide>(w, x, cb, g, h, tb, y, ldy, rows);
   }
