@@ -131,8 +131,8 @@ constexpr size_t kPrefetch = 2048;
 // y rows [8·h0, 8·h0 + 8·NH) of group g (rows past `rows` not written) for tokens [tb, tb + NT):
 // NH halves of 8 rows in one pass over the codes (decode: two independent accumulator chains
 // and one read of each cache line; 4-bit tiles: see kBothHalves) or one half per call (the other
-// types' tiles of several tokens, whose accumulators and sums fill the 16 registers). Codes from cb: the group's packed codes, or
-// (Wide) its codes widened to 8 bits.
+// types' tiles of several tokens, whose accumulators and sums fill the 16 registers). Codes from
+// cb: the group's packed codes, or (Wide) its codes widened to 8 bits.
 // Not inlined: each tile shape is its own symbol in a profile, and its registers are allocated
 // for it alone, not for the driver loops around it.
 template <DType T, int NT, int NH, bool Wide>
