@@ -5,7 +5,9 @@
 # profile. docs/benchmarks.md records its output.
 #   tools/cpu_targets.sh [ROUNDS=3]
 # Env: MARKBASE, LLAMA_BENCH (as tools/bench_vs_llama.sh), THREADS (default: every CPU this
-# process may use, capped by a cgroup CPU quota), SYNTH_DIR (default /tmp/synth).
+# process may use, capped by a cgroup CPU quota), SYNTH_DIR (default /tmp/synth), FLOOR_ROUNDS
+# (default 10: on xeon-16c, sets of 5 rounds gave q4_0 floor shares of 0.63-0.89 where every set
+# of 10-20 gave 0.86-0.88; docs/benchmarks.md, ninth pass).
 set -euo pipefail
 rounds=${1:-3}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +32,7 @@ for l in sys.stdin: j = json.loads(l); print(j["batch"], round(j["tg_tokens_per_
 echo "=== side by side (pp512, tg128)"
 for t in q4_0 q8_0; do bash "$here/bench_vs_llama.sh" "$dir/e2b_$t.gguf" "$rounds"; done
 echo "=== share of the memory floor (pp16, tg64)"
-for t in q4_0 q8_0; do bash "$here/floor.sh" "$dir/e2b_$t.gguf" 5 64; done
+for t in q4_0 q8_0; do bash "$here/floor.sh" "$dir/e2b_$t.gguf" "${FLOOR_ROUNDS:-10}" 64; done
 echo "=== batch 8 against batch 1, aggregate tg t/s (q4_0, tg64)"
 for r in $(seq 1 "$rounds"); do
   "$mb" bench -m "$dir/e2b_q4_0.gguf" --pp 0 --tg 64 --batch 1,8 --reps 1 --threads "$threads" --json 2>/dev/null | tg_of
