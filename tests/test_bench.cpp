@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "backends/backend.h"
@@ -193,6 +195,68 @@ TEST(Bench, SyntheticSaveLoadsBackToTheSameModel) {
   r = mbtest::run_cli("bench -m " + out + " --pp 0 --tg 0 --save " + out);
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("must not overwrite"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+// --dtype converts an f32 file at load, through the engine generate/logits/serve run on: each
+// block type changes the logits (the conversion happened) by no more than its precision allows,
+// and every number stays finite.
+TEST(Bench, EngineConvertsAtLoadToEachWeightDtype) {
+  if (!fs::exists(shared_tokenizer())) GTEST_SKIP() << shared_tokenizer() << " is absent";
+  const std::string dir = mbtest::temp_dir("engine_dtype");
+  const std::string f32 = dir + "/tiny_f32.gguf";
+  auto r = mbtest::run_cli("bench --synthetic tiny --dtype f32 --pp 0 --tg 0 --save " + f32);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<int32_t> toks = {2, 651, 6037, 11, 9999, 262143, 17, 5, 300, 41};
+  std::map<std::string, std::vector<float>> logits;
+  for (const char* dt : {"auto", "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k"}) {
+    markbase::EngineOptions o;
+    o.model_path = f32;
+    o.dtype = dt;
+    auto eng = markbase::Engine::open(o);
+    logits[dt] = eng->prompt_logits(toks, 0);
+    ASSERT_EQ(logits[dt].size(), toks.size() * 262144u) << dt;
+    for (float v : logits[dt]) ASSERT_TRUE(std::isfinite(v)) << dt;
+  }
+  EXPECT_EQ(logits["auto"], logits["f32"]);  // an f32 file: both keep its numbers
+  // Error relative to the f32 logits' RMS.
+  auto rel = [&](const std::string& dt) {
+    const std::vector<float>&a = logits[dt], &b = logits["f32"];
+    double d2 = 0, b2 = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      d2 += double(a[i] - b[i]) * (a[i] - b[i]);
+      b2 += double(b[i]) * b[i];
+    }
+    return std::sqrt(d2 / b2);
+  };
+  std::map<std::string, double> err;
+  for (const char* dt : {"bf16", "f16", "q8_0", "q4_0", "q4_k"}) {
+    err[dt] = rel(dt);
+    std::printf("[ figure ] --dtype %s: RMS of the logits' change %.3g of their RMS\n", dt, err[dt]);
+    EXPECT_GT(err[dt], 0.0) << dt;
+  }
+  EXPECT_LT(err["f16"], err["bf16"]);   // 10 mantissa bits against 7
+  EXPECT_LT(err["bf16"], err["q8_0"]);
+  EXPECT_LT(err["q8_0"], err["q4_0"]);
+  EXPECT_LT(err["q4_0"], 0.5);
+  // tiny's only rows of whole 256-blocks are the KV-shared layers' down projections: the others
+  // stay f32, so q4_k changes less than q4_0 does.
+  EXPECT_LT(err["q4_k"], err["q4_0"]);
+  // The CLI takes the same names, and names them when given another.
+  r = mbtest::run_cli("generate -m " + f32 + " --tokens 2,651,6037 -n 3 --dtype q4_k --print-ids");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  r = mbtest::run_cli("generate -m " + f32 + " --tokens 2,651 -n 1 --dtype q3_k");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("q4_k"), std::string::npos) << r.out;
+  markbase::EngineOptions bad;
+  bad.model_path = f32;
+  bad.dtype = "q3_k";
+  try {
+    markbase::Engine::open(bad);
+    ADD_FAILURE() << "--dtype q3_k was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("f32, bf16, f16, q8_0, q4_0, q4_k"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 

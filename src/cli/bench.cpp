@@ -264,15 +264,10 @@ void run_bench(const BenchArgs& a) {
   std::vector<int32_t> batches = parse_token_list(a.batches);
   for (int32_t b : batches) MB_CHECK(b >= 1 && b <= 1024, "bench: batch size {} out of range", b);
 
-  DType dtype = DType::BF16;
   bool keep = a.dtype == "auto";
-  if (a.dtype == "f32") dtype = DType::F32;
-  else if (a.dtype == "bf16" || a.dtype == "auto") dtype = DType::BF16;
-  else if (a.dtype == "f16") dtype = DType::F16;
-  else if (a.dtype == "q8_0") dtype = DType::Q8_0;
-  else if (a.dtype == "q4_0") dtype = DType::Q4_0;
-  else if (a.dtype == "q4_k") dtype = DType::Q4_K;
-  else fail("bench: --dtype {} is not supported (auto, f32, bf16, f16, q8_0, q4_0, q4_k)", a.dtype);
+  const std::optional<DType> named = keep ? DType::BF16 : weight_dtype_from_name(a.dtype);
+  MB_CHECK(named.has_value(), "bench: --dtype {} is not supported (auto, {})", a.dtype, kWeightDtypeNames);
+  const DType dtype = *named;
 
   const char* isa = cpu::isa_name(cpu::kernels().isa);
   // How block-quantized matmuls run: the integer kernel (8-bit activations) or f32 activations.

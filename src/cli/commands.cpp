@@ -68,8 +68,8 @@ struct ModelArgs {
     cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
     if (runtime_flags) {
       cmd->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-      cmd->add_option("--dtype", dtype, "weight dtype: auto, f32, bf16, q8_0, q4_0")
-          ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8_0", "q4_0"}));
+      cmd->add_option("--dtype", dtype, "weight dtype: auto (the checkpoint's), f32, bf16, f16, q8_0, q4_0, q4_k")
+          ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k"}));
       cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
     }
   }

@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace mb {
@@ -23,6 +25,15 @@ std::string_view dtype_name(DType t) {
     case DType::Q6_K: return "Q6_K";
   }
   return "?";
+}
+
+std::optional<DType> weight_dtype_from_name(std::string_view name) {
+  static constexpr std::pair<std::string_view, DType> kNames[] = {
+      {"f32", DType::F32}, {"bf16", DType::BF16}, {"f16", DType::F16},
+      {"q8_0", DType::Q8_0}, {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}};
+  for (const auto& [n, t] : kNames)
+    if (n == name) return t;
+  return std::nullopt;
 }
 
 bool dtype_is_quantized(DType t) { return dtype_block_size(t) > 1; }

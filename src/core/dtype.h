@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 namespace mb {
@@ -15,6 +16,10 @@ enum class DType : uint8_t {
 };
 
 std::string_view dtype_name(DType t);
+// The weight types a `--dtype` flag names (lower case, as llama.cpp spells them); "auto", which
+// keeps the checkpoint's types, is the caller's to handle. nullopt for any other name.
+std::optional<DType> weight_dtype_from_name(std::string_view name);
+inline constexpr std::string_view kWeightDtypeNames = "f32, bf16, f16, q8_0, q4_0, q4_k";
 // Bytes per element of a plain type; throws for block types, whose elements have no byte size.
 size_t dtype_size(DType t);
 bool dtype_is_quantized(DType t);

@@ -56,12 +56,9 @@ class LocalEngine final : public Engine {
     if (opts.dtype == "auto") mo.keep_checkpoint_dtype = true;
     else {
       mo.keep_checkpoint_dtype = false;
-      if (opts.dtype == "f32") mo.weight_dtype = DType::F32;
-      else if (opts.dtype == "bf16") mo.weight_dtype = DType::BF16;
-      else if (opts.dtype == "f16") mo.weight_dtype = DType::F16;
-      else if (opts.dtype == "q8_0") mo.weight_dtype = DType::Q8_0;
-      else if (opts.dtype == "q4_0") mo.weight_dtype = DType::Q4_0;
-      else mb::fail("unsupported --dtype '{}' (supported: auto, f32, bf16, f16, q8_0, q4_0)", opts.dtype);
+      const std::optional<DType> t = mb::weight_dtype_from_name(opts.dtype);
+      MB_CHECK(t.has_value(), "unsupported --dtype '{}' (supported: auto, {})", opts.dtype, mb::kWeightDtypeNames);
+      mo.weight_dtype = *t;
     }
     mo.max_step = kMaxStep;
     model_ = mb::load_model(ck_, *backend_, mo);
