@@ -198,7 +198,7 @@ TEST(Bench, SyntheticSaveLoadsBackToTheSameModel) {
   fs::remove_all(dir);
 }
 
-// --dtype converts an f32 file at load, through the engine generate/logits/serve run on: each
+// --dtype converts an f32 file at load, through the engine that generate and logits run on: each
 // block type changes the logits (the conversion happened) by no more than its precision allows,
 // and every number stays finite.
 TEST(Bench, EngineConvertsAtLoadToEachWeightDtype) {
