@@ -21,8 +21,10 @@ fi
 export THREADS=$threads MARKBASE=$mb
 dir=${SYNTH_DIR:-/tmp/synth}
 mkdir -p "$dir"
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $threads threads"
-grep -o -w -E 'avx512_vnni|amx_int8' /proc/cpuinfo | sort | uniq -c || true
+# The model name alone can hide a different CPU ("AMD EPYC" was both a Zen 3 and a Zen 5 VM):
+# the family/model numbers and the ISA flags tell them apart.
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p')), $(nproc) CPUs, $threads threads"
+grep -o -w -E 'avx2|avx512f|avx512_vnni|amx_int8' /proc/cpuinfo | sort | uniq -c || true
 for t in q4_0 q8_0; do
   [[ -f $dir/e2b_$t.gguf ]] || "$mb" bench --synthetic e2b --dtype "$t" --pp 0 --tg 0 --threads "$threads" \
     --save "$dir/e2b_$t.gguf" 2>&1 | tail -n 1
