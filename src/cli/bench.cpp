@@ -21,6 +21,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include <fmt/ranges.h>
+
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
@@ -266,7 +268,7 @@ void run_bench(const BenchArgs& a) {
 
   bool keep = a.dtype == "auto";
   const std::optional<DType> named = keep ? DType::BF16 : weight_dtype_from_name(a.dtype);
-  MB_CHECK(named.has_value(), "bench: --dtype {} is not supported (auto, {})", a.dtype, kWeightDtypeNames);
+  MB_CHECK(named.has_value(), "bench: --dtype {} is not supported (auto, {})", a.dtype, fmt::join(weight_dtype_names(), ", "));
   const DType dtype = *named;
 
   const char* isa = cpu::isa_name(cpu::kernels().isa);

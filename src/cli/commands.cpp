@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iostream>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "markbase/markbase.h"
 #include "runtime/text.h"
@@ -68,8 +70,12 @@ struct ModelArgs {
     cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
     if (runtime_flags) {
       cmd->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-      cmd->add_option("--dtype", dtype, "weight dtype: auto (the checkpoint's), f32, bf16, f16, q8_0, q4_0, q4_k")
-          ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k"}));
+      std::vector<std::string> dtypes = mb::weight_dtype_names();
+      cmd->add_option("--dtype", dtype, fmt::format("weight dtype: auto (the checkpoint's), {}", fmt::join(dtypes, ", ")))
+          ->check(CLI::IsMember([&] {
+            dtypes.insert(dtypes.begin(), "auto");
+            return dtypes;
+          }()));
       cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
     }
   }

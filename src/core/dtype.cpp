@@ -27,13 +27,22 @@ std::string_view dtype_name(DType t) {
   return "?";
 }
 
+namespace {
+constexpr std::pair<std::string_view, DType> kWeightDtypes[] = {
+    {"f32", DType::F32}, {"bf16", DType::BF16}, {"f16", DType::F16},
+    {"q8_0", DType::Q8_0}, {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}};
+}  // namespace
+
 std::optional<DType> weight_dtype_from_name(std::string_view name) {
-  static constexpr std::pair<std::string_view, DType> kNames[] = {
-      {"f32", DType::F32}, {"bf16", DType::BF16}, {"f16", DType::F16},
-      {"q8_0", DType::Q8_0}, {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}};
-  for (const auto& [n, t] : kNames)
+  for (const auto& [n, t] : kWeightDtypes)
     if (n == name) return t;
   return std::nullopt;
+}
+
+std::vector<std::string> weight_dtype_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, t] : kWeightDtypes) names.emplace_back(n);
+  return names;
 }
 
 bool dtype_is_quantized(DType t) { return dtype_block_size(t) > 1; }

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace mb {
 
@@ -19,7 +21,8 @@ std::string_view dtype_name(DType t);
 // The weight types a `--dtype` flag names (lower case, as llama.cpp spells them); "auto", which
 // keeps the checkpoint's types, is the caller's to handle. nullopt for any other name.
 std::optional<DType> weight_dtype_from_name(std::string_view name);
-inline constexpr std::string_view kWeightDtypeNames = "f32, bf16, f16, q8_0, q4_0, q4_k";
+// Those names in order ("f32", "bf16", ...), for flag checks and error messages.
+std::vector<std::string> weight_dtype_names();
 // Bytes per element of a plain type; throws for block types, whose elements have no byte size.
 size_t dtype_size(DType t);
 bool dtype_is_quantized(DType t);

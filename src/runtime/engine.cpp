@@ -5,6 +5,8 @@
 #include <cmath>
 #include <optional>
 
+#include <fmt/ranges.h>
+
 #include "backends/backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -57,7 +59,8 @@ class LocalEngine final : public Engine {
     else {
       mo.keep_checkpoint_dtype = false;
       const std::optional<DType> t = mb::weight_dtype_from_name(opts.dtype);
-      MB_CHECK(t.has_value(), "unsupported --dtype '{}' (supported: auto, {})", opts.dtype, mb::kWeightDtypeNames);
+      MB_CHECK(t.has_value(), "unsupported --dtype '{}' (supported: auto, {})", opts.dtype,
+               fmt::join(mb::weight_dtype_names(), ", "));
       mo.weight_dtype = *t;
     }
     mo.max_step = kMaxStep;
