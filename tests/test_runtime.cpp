@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -37,6 +38,41 @@ TEST(KVCache, MemoryFollowsWhatTheModelNeeds) {
   }
   EXPECT_GT(shared, 0);
   EXPECT_EQ(kv.bytes(), expect);
+}
+
+// A slot's stores are views of one zeroed block: each 64-byte aligned, none overlapping another
+// (of its slot or of another slot), each written without touching the others.
+TEST(KVCache, StoresAreDisjointAlignedAndZeroed) {
+  auto ck = mb::open_checkpoint(mbtest::fixture("e2b_like"));
+  const auto& c = ck->config;
+  auto be = mb::make_cpu_backend();
+  mb::KVCache kv(c, *be, {3, 100, 16});
+  std::vector<std::pair<const uint8_t*, const uint8_t*>> spans;
+  for (int s = 0; s < 3; ++s)
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.layers[size_t(l)].kv_source != l) continue;
+      mb::KVStore& st = kv.store(s, l);
+      for (mb::Tensor* t : {&st.k, &st.v}) {
+        ASSERT_EQ(t->dim(0), st.capacity);
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % 64, 0u);
+        for (int64_t i = 0; i < t->numel(); ++i) ASSERT_EQ(t->f32()[i], 0.f);
+        spans.push_back({t->ptr<uint8_t>(), t->ptr<uint8_t>() + t->nbytes()});
+        std::fill(t->f32(), t->f32() + t->numel(), float(spans.size()));
+      }
+    }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
+  size_t i = 0;
+  for (int s = 0; s < 3; ++s)
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.layers[size_t(l)].kv_source != l) continue;
+      mb::KVStore& st = kv.store(s, l);
+      for (mb::Tensor* t : {&st.k, &st.v}) {
+        ++i;
+        EXPECT_EQ(t->f32()[0], float(i));
+        EXPECT_EQ(t->f32()[t->numel() - 1], float(i));
+      }
+    }
 }
 
 TEST(Kernels, DotMatchesScalarTwinOnOddSizes) {

@@ -13,18 +13,47 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
   for (size_t l = 0; l < n_layers_; ++l) owner_[l] = cfg.layers[l].kv_source;
   stores_.resize(size_t(opts.n_slots) * n_layers_);
   lengths_.assign(size_t(opts.n_slots), 0);
-  for (int s = 0; s < opts.n_slots; ++s)
+  // Each slot's stores are views of one allocation: a decode step reads every layer's keys and
+  // values, and one block of >= 2 MB gets the backend's large pages (on the CPU, transparent huge
+  // pages: no TLB walk and no prefetcher restart every 4 KB, where a store per layer of a short
+  // context was ~100 KB of small pages each). Stores start on 64-byte boundaries. The layout of
+  // a slot (each owning layer's ring flag and capacity) is the same for all slots.
+  struct Layout {
+    bool ring;
+    int64_t capacity, floats;
+  };
+  std::vector<Layout> layout(n_layers_);
+  int64_t slot_floats = 0;
+  for (size_t l = 0; l < n_layers_; ++l) {
+    const LayerConfig& L = cfg.layers[l];
+    if (L.kv_source != int(l)) continue;
+    const int64_t ring = int64_t(cfg.sliding_window) - 1 + opts.max_step;
+    Layout& y = layout[l];
+    y.ring = L.kind == AttnKind::Sliding && ring < opts.max_context;
+    y.capacity = y.ring ? ring : opts.max_context;
+    y.floats = y.capacity * L.n_kv_heads * L.head_dim;
+    slot_floats += 2 * ((y.floats + 15) / 16 * 16);
+  }
+  for (int s = 0; s < opts.n_slots && slot_floats > 0; ++s) {
+    const Tensor block = backend.alloc(DType::F32, {slot_floats});
+    int64_t off = 0;
     for (size_t l = 0; l < n_layers_; ++l) {
       const LayerConfig& L = cfg.layers[l];
       if (L.kv_source != int(l)) continue;
+      const Layout& y = layout[l];
+      auto carve = [&] {
+        Tensor t = block.slice_rows(off, y.floats).reshaped({y.capacity, L.n_kv_heads, L.head_dim});
+        off += (y.floats + 15) / 16 * 16;
+        return t;
+      };
       KVStore& st = stores_[size_t(s) * n_layers_ + l];
-      const int64_t ring = int64_t(cfg.sliding_window) - 1 + opts.max_step;
-      st.ring = L.kind == AttnKind::Sliding && ring < opts.max_context;
-      st.capacity = st.ring ? ring : opts.max_context;
-      st.k = backend.alloc(DType::F32, {st.capacity, L.n_kv_heads, L.head_dim});
-      st.v = backend.alloc(DType::F32, {st.capacity, L.n_kv_heads, L.head_dim});
+      st.ring = y.ring;
+      st.capacity = y.capacity;
+      st.k = carve();
+      st.v = carve();
       bytes_ += st.k.nbytes() + st.v.nbytes();
     }
+  }
 }
 
 }  // namespace mb

@@ -136,12 +136,59 @@ class RopeTables {
   std::vector<std::shared_ptr<const RopeTable>> tables_;  // most recent first
 };
 
+// The model's vector weights (norm weights, router scales) side by side in 2 MB blocks of huge
+// pages. A decode step reads ~250 of them, each 1-6 KB, between the matmuls that evict them. In
+// place in a GGUF mapping each sits on its own 4 KB pages between two large tensors, so each read
+// was a TLB walk and a prefetch stream cut at 4 KB, from memory; here a whole model's vectors
+// (1.2 MB on E2B) are one TLB entry, in the order the layers read them.
+class VectorArena {
+ public:
+  Tensor copy(const Tensor& src) {
+    const size_t bytes = (src.nbytes() + 63) / 64 * 64;
+    if (bytes > kBlock / 4) {  // a large one gets its own block rather than wasting a block's tail
+      Tensor t = src;
+      std::shared_ptr<uint8_t> p = alloc_streamed(bytes);
+      std::memcpy(p.get(), src.data, src.nbytes());
+      t.data = p.get();
+      t.owner = std::move(p);
+      return t;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!block_ || used_ + bytes > kBlock) {
+      block_ = alloc_streamed(kBlock);
+      used_ = 0;
+    }
+    Tensor t = src;
+    t.data = block_.get() + used_;
+    t.owner = std::shared_ptr<void>(block_, t.data);
+    std::memcpy(t.data, src.data, src.nbytes());
+    used_ += bytes;
+    return t;
+  }
+
+ private:
+  static constexpr size_t kBlock = size_t(2) << 20;
+  std::mutex mu_;
+  std::shared_ptr<uint8_t> block_;
+  size_t used_ = 0;
+};
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::CPU; }
 
-  Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return host_tensor(dtype, std::move(shape)); }
+  // alloc_streamed: what is allocated here (KV caches) is read through every step, so from 2 MB
+  // up it gets huge pages; its pages are zero until written, and only those written are resident.
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    std::shared_ptr<uint8_t> p = alloc_streamed(std::max<size_t>(t.nbytes(), 1));
+    t.data = p.get();
+    t.owner = std::move(p);
+    return t;
+  }
   Tensor scratch(DType dtype, std::vector<int64_t> shape) override {
     Tensor t;
     t.dtype = dtype;
@@ -157,6 +204,7 @@ class CpuBackend final : public Backend {
 
   Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
     Tensor t = converted(src, dtype);
+    if (src.rank() == 1 && t.dtype == DType::F32 && use == WeightUse::Matmul) return vectors_.copy(t);
     if (use != WeightUse::Matmul && t.data == src.data) advise_random_access(src.data, src.nbytes());
     // Block-quantized matmul weights get the integer kernels' layout when an integer kernel runs
     // here (not on the scalar table, not with MARKBASE_QUANT_MATMUL=exact: a copy nobody reads
@@ -586,6 +634,7 @@ class CpuBackend final : public Backend {
 
  private:
   ScratchPool scratch_;
+  VectorArena vectors_;
   // Bytes of lookup rows read from each table (by its data pointer) since its pages were last
   // released (embed).
   static constexpr size_t kLookupWindow = 64 * 1024, kLookupBudget = 2 * 1024 * 1024;
