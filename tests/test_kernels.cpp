@@ -679,7 +679,7 @@ TEST(ThreadPoolContract, RegionsWithAheadPlansLoseNoChunk) {
       ahead.streams = int(rng() % 4);
       for (int i = 0; i < ahead.streams; ++i) {
         const int32_t lo = int32_t(rng() % 300), hi = lo + int32_t(rng() % 200);
-        ahead.s[i] = {r % 11 == 0 ? nullptr : buf.data(), lo, hi, size_t(1) << (rng() % 18)};
+        ahead.s[i] = {r % 11 == 0 ? nullptr : buf.data(), lo, hi, size_t(1) << (rng() % 18), int32_t(rng() % 5)};
       }
       std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
       pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
@@ -689,6 +689,33 @@ TEST(ThreadPoolContract, RegionsWithAheadPlansLoseNoChunk) {
     }
   }
   EXPECT_EQ(std::count(buf.begin(), buf.end(), uint8_t(7)), std::ptrdiff_t(buf.size()));
+}
+
+// The trace behind ahead_after: each region gets the plan of the region that followed it last
+// time; a region without a key of its own is told apart by the region before it.
+TEST(ThreadPoolContract, AheadAfterReturnsThePlanOfTheRegionThatFollowedLastTime) {
+  auto plan = [](int64_t n) {
+    mb::ThreadPool::Ahead a;
+    a.n = n;
+    a.budget = 4096;
+    return a;
+  };
+  // Keys unique to this test, so earlier regions on this thread do not matter.
+  static const char keys[4] = {};
+  const void *qkv1 = &keys[0], *out1 = &keys[1], *qkv2 = &keys[2], *out2 = &keys[3];
+  const std::vector<std::pair<const void*, int64_t>> step = {{qkv1, 10}, {nullptr, 11}, {out1, 12},
+                                                             {qkv2, 20}, {nullptr, 21}, {out2, 22}};
+  for (const auto& [key, n] : step) mb::ThreadPool::ahead_after(key, plan(n));  // the first step
+  for (size_t i = 0; i < step.size(); ++i) {
+    const mb::ThreadPool::Ahead* next = mb::ThreadPool::ahead_after(step[i].first, plan(step[i].second));
+    if (i + 1 < step.size()) {
+      ASSERT_NE(next, nullptr) << i;
+      EXPECT_EQ(next->n, step[i + 1].second) << i;
+    }
+  }
+  mb::ThreadPool::Ahead off = plan(5);
+  off.budget = 0;
+  EXPECT_EQ(mb::ThreadPool::ahead_after(qkv1, off), nullptr);
 }
 
 TEST(ThreadPoolContract, SleepsAndWakesBetweenRegions) {

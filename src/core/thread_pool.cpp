@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <exception>
+#include <unordered_map>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -189,9 +191,10 @@ void ThreadPool::post_ahead(const Ahead* ahead, uint32_t tag) {
   ahead_.w[5].store(uint64_t(streams), std::memory_order_relaxed);
   for (int i = 0; i < streams; ++i) {
     const Ahead::Stream& st = ahead->s[i];
-    ahead_.w[6 + 3 * i].store(uint64_t(reinterpret_cast<uintptr_t>(st.base)), std::memory_order_relaxed);
-    ahead_.w[7 + 3 * i].store(uint64_t(uint32_t(st.lo)) | uint64_t(uint32_t(st.hi)) << 32, std::memory_order_relaxed);
-    ahead_.w[8 + 3 * i].store(uint64_t(st.stride), std::memory_order_relaxed);
+    ahead_.w[6 + 4 * i].store(uint64_t(reinterpret_cast<uintptr_t>(st.base)), std::memory_order_relaxed);
+    ahead_.w[7 + 4 * i].store(uint64_t(uint32_t(st.lo)) | uint64_t(uint32_t(st.hi)) << 32, std::memory_order_relaxed);
+    ahead_.w[8 + 4 * i].store(uint64_t(st.stride), std::memory_order_relaxed);
+    ahead_.w[9 + 4 * i].store(uint64_t(uint32_t(std::max(st.period, 0))), std::memory_order_relaxed);
   }
   ahead_.region.store(tag, std::memory_order_release);
 }
@@ -217,14 +220,24 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
   struct Range {
     uintptr_t p;
     size_t len;
-  } ranges[Ahead::kStreams];
+  } ranges[2 * Ahead::kStreams];
   int m = 0;
   for (int i = 0; i < streams; ++i) {
-    const int64_t lo = int64_t(uint32_t(w[7 + 3 * i])), hi = int64_t(w[7 + 3 * i] >> 32);
+    const int64_t lo = int64_t(uint32_t(w[7 + 4 * i])), hi = int64_t(w[7 + 4 * i] >> 32);
     const int64_t a = std::max(j0, lo), b = std::min(j1, hi);
-    const uintptr_t base = uintptr_t(w[6 + 3 * i]);
-    const size_t stride = size_t(w[8 + 3 * i]);
-    if (base != 0 && a < b) ranges[m++] = {base + size_t(a - lo) * stride, size_t(b - a) * stride};
+    const uintptr_t base = uintptr_t(w[6 + 4 * i]);
+    const size_t stride = size_t(w[8 + 4 * i]);
+    const int64_t period = int64_t(w[9 + 4 * i]);
+    if (base == 0 || a >= b) continue;
+    if (period <= 0) {
+      ranges[m++] = {base + size_t(a - lo) * stride, size_t(b - a) * stride};
+      continue;
+    }
+    // Items a..b-1 read blocks (a - lo) % period onwards, wrapping round at most once.
+    const int64_t first = (a - lo) % period, count = std::min(b - a, period);
+    const int64_t head = std::min(count, period - first);
+    ranges[m++] = {base + size_t(first) * stride, size_t(head) * stride};
+    if (count > head) ranges[m++] = {base, size_t(count - head) * stride};
   }
   if (m == 0) return;
   const size_t per = size_t(w[4]) / size_t(m);
@@ -238,6 +251,34 @@ void ThreadPool::fetch_ahead(int64_t slot, uint32_t tag) {
       }
       __builtin_prefetch(reinterpret_cast<const void*>(ranges[i].p + off), 0, 2);
     }
+}
+
+const ThreadPool::Ahead* ThreadPool::ahead_after(const void* key, const Ahead& self) {
+  struct Trace {
+    const void* last = nullptr;
+    std::unordered_map<const void*, Ahead> next;
+  };
+  thread_local Trace t;
+  if (self.budget == 0) return nullptr;
+  // The predecessor's address with the top bit set, which no user-space address has.
+  if (!key) key = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(t.last) | uintptr_t(1) << 63);
+  if (t.last) {
+    if (t.next.size() >= 4096) t.next.clear();  // regions of models long gone
+    t.next[t.last] = self;
+  }
+  t.last = key;
+  const auto it = t.next.find(key);
+  return it == t.next.end() ? nullptr : &it->second;
+}
+
+// xeon-16c, E2B q4_0 decode: +6-14% at 64-192 KB, 128 KB among the best (docs/benchmarks.md,
+// seventh pass).
+size_t ThreadPool::ahead_budget() {
+  static const size_t kb = [] {
+    const char* e = std::getenv("MARKBASE_AHEAD_KB");
+    return e && *e ? size_t(std::strtoull(e, nullptr, 10)) : size_t(128);
+  }();
+  return kb << 10;
 }
 
 void ThreadPool::wait_for_worker(int64_t slot, uint32_t tag) {

@@ -55,12 +55,15 @@ class ThreadPool {
   // `budget` bytes from the start of its own share of the successor (its share is the one it
   // runs first), into L2, and stops as soon as another region opens. Only a hint: stale or wrong
   // addresses cost bandwidth, never a fault (prefetches do not fault).
+  // With `period` > 0, items lo + i, lo + i + period, ... all read the same bytes, at
+  // base + i·stride (attention's tasks: every head slice of a key split reads that split's keys).
   struct Ahead {
     static constexpr int kStreams = 3;
     struct Stream {
       const void* base = nullptr;
       int32_t lo = 0, hi = 0;
       size_t stride = 0;
+      int32_t period = 0;
     };
     int64_t n = 0, grain = 1;
     size_t budget = 0;
@@ -68,6 +71,19 @@ class ThreadPool {
     Stream s[kStreams];
   };
   void parallel_for(int64_t n, int64_t grain, FnRef<void(int64_t, int64_t)> fn, const Ahead* ahead);
+
+  // The regions of a decode step come in the same order every step (a layer's Q/K/V, attention,
+  // the output projection, gate/up, down, ...). A region that reads big inputs names itself by
+  // `key` (its weights, its KV store) and passes its own plan `self`; it gets back the plan of
+  // the region that followed it last time on this thread, to launch with, so the workers fetch
+  // the start of their next share while the caller runs the serial work in between. A wrong
+  // guess (the first step, a new model) only costs bandwidth. Null when there is no such plan or
+  // `self.budget` is 0. A region with nothing of its own to be named by (key null: attention, whose
+  // KV store several layers share) is named after the region before it.
+  static const Ahead* ahead_after(const void* key, const Ahead& self);
+  // Bytes each worker fetches ahead of a region: MARKBASE_AHEAD_KB, default 128; 0 turns the
+  // fetching off.
+  static size_t ahead_budget();
 
   // Calls fn(i, size()) once for each i in [0, size()), normally each on its own thread (a late
   // worker's index is run by whichever thread is free).
@@ -145,8 +161,8 @@ class ThreadPool {
   // are valid and 0 while the caller rewrites them, so a worker still reading the previous
   // region's copy can tell that it changed under it. Words: the successor's Split (n, step,
   // q | r << 32, shares), the budget and the number of streams, then per stream base,
-  // lo | hi << 32, stride.
-  static constexpr int kAheadWords = 6 + 3 * Ahead::kStreams;
+  // lo | hi << 32, stride, period.
+  static constexpr int kAheadWords = 6 + 4 * Ahead::kStreams;
   struct alignas(64) AheadWords {
     std::atomic<uint32_t> region{0};
     std::atomic<uint64_t> w[kAheadWords];

@@ -488,6 +488,25 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
   // call's few tasks (one head slice of a short context each) would otherwise land on two or three
   // threads, each also transposing the same keys once per task it was given.
   const int64_t grain = tasks <= 4 * threads ? 1 : std::max<int64_t>(1, int64_t(2e5 / (flops / double(tasks))));
+  // A decode step's keys and values were written steps ago and the weights streamed since have
+  // evicted them: fetched on demand they were most of attention's time. One sequence's key
+  // splits go to the region before (ThreadPool::ahead_after), for the workers to fetch while the
+  // caller normalises, rotates and stores this step's q/k/v; task j reads split j % nsplit. Whole
+  // rows: with several KV heads a task fetches its neighbours' too (the budget bounds it).
+  const ThreadPool::Ahead* ahead = nullptr;
+  if (split_keys && n_seqs == 1 && plans[0].ntb > 0) {
+    const AttnArgs& a = seqs[0];
+    const Plan& pl = plans[0];
+    ThreadPool::Ahead self;
+    self.n = tasks;
+    self.grain = grain;
+    self.budget = 2 * ThreadPool::ahead_budget();
+    const size_t split_bytes = size_t(kAttnSplit * a.nkv * a.hd) * sizeof(float);
+    const int64_t first_slot = a.ring ? pl.split0 % a.capacity : pl.split0;
+    for (const float* base : {a.k, a.v})
+      self.s[self.streams++] = {base + first_slot * a.nkv * a.hd, 0, int32_t(tasks), split_bytes, int32_t(pl.nsplit)};
+    ahead = ThreadPool::ahead_after(nullptr, self);
+  }
   pool.parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
     size_t i = 0;
@@ -513,7 +532,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
       float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
     }
-  });
+  }, ahead);
   for (size_t i = 0; i < size_t(n_seqs); ++i) {
     const Plan& pl = plans[i];
     if (pl.nsplit <= 1) continue;

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unordered_map>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/env_flag.h"
@@ -337,46 +335,13 @@ int64_t group_grain(int64_t bytes, int64_t groups, int64_t n) {
   return std::max<int64_t>(1, std::min((int64_t(1) << 16) / std::max<int64_t>(1, work), groups / std::max<int64_t>(1, threads)));
 }
 
-// Bytes of the next region each worker fetches ahead (ThreadPool::Ahead): MARKBASE_AHEAD_KB,
-// default 128; 0 turns it off. A worker stops once the next region opens, so the budget only
-// bounds the long gaps (attention). xeon-16c, E2B q4_0 decode: +6-14% at 64-192 KB, 128 KB among
-// the best (docs/benchmarks.md, seventh pass).
-size_t ahead_budget() {
-  static const size_t kb = [] {
-    const char* e = std::getenv("MARKBASE_AHEAD_KB");
-    return e && *e ? size_t(std::strtoull(e, nullptr, 10)) : size_t(128);
-  }();
-  return kb << 10;
-}
-
 // A region's own plan: n items in chunks of at least `grain`, the streams still to add.
 ThreadPool::Ahead ahead_plan(int64_t n, int64_t grain) {
   ThreadPool::Ahead a;
   a.n = n;
   a.grain = grain;
-  a.budget = ahead_budget();
+  a.budget = ThreadPool::ahead_budget();
   return a;
-}
-
-// The matmul regions of a forward pass come in the same order every step (Q/K/V, the output
-// projection, gate/up, down, the per-layer-embedding pair, the next layer's Q/K/V, ...). Each
-// region is launched with the Ahead of the region that followed it last time on this thread, so
-// the workers fetch the start of their next share while the caller runs the norms, RoPE and
-// attention in between. A wrong guess (the first step, a new model) only costs bandwidth.
-const ThreadPool::Ahead* ahead_after(const void* key, const ThreadPool::Ahead& self) {
-  struct Trace {
-    const void* last = nullptr;
-    std::unordered_map<const void*, ThreadPool::Ahead> next;
-  };
-  thread_local Trace t;
-  if (self.budget == 0) return nullptr;
-  if (t.last) {
-    if (t.next.size() >= 4096) t.next.clear();  // weights of models long gone
-    t.next[t.last] = self;
-  }
-  t.last = key;
-  const auto it = t.next.find(key);
-  return it == t.next.end() ? nullptr : &it->second;
 }
 
 // x[n, k] quantized into the calling thread's activations, which the region's tasks then read
@@ -410,7 +375,7 @@ void run_matmuls_on(QMatmulFn fn, const std::vector<const QPacked*>& ws, const Q
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
       if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
     }
-  }, ahead_after(ws[0], self));
+  }, ThreadPool::ahead_after(ws[0], self));
 }
 
 // The same for x [n, k] in floats, quantized once on the caller.
@@ -449,7 +414,7 @@ void gate_up_region(QMatmulFn fn, const QPacked& gate, const QPacked& up, const 
     const int64_t r0 = g0 * kQRows, r1 = std::min(m, g1 * kQRows);
     for (int64_t t = 0; t < n; ++t) K.gelu_tanh_mul(out + t * m + r0, u + t * m + r0, out + t * m + r0, r1 - r0);
     after(r0, r1);
-  }, ahead_after(&gate, self));
+  }, ThreadPool::ahead_after(&gate, self));
 }
 
 }  // namespace
