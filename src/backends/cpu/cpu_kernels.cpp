@@ -2,6 +2,7 @@
 // x86-64 target like the rest of the library: nothing here may assume AVX.
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/matmul_amx.h"
+#include "core/cache_hint.h"
 #include "core/quant.h"
 
 #include <algorithm>
@@ -531,6 +532,12 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
       }
       float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
+      // Decode: the caller merges the splits (or the output projection reads the rows) next.
+      if (a.n <= 16)
+        for (int64_t t = t0; t < t1; ++t) {
+          if (a.part) demote_to_shared_cache(a.part + (t * a.nh + h0) * (a.hd + 2), size_t((h1 - h0) * (a.hd + 2)) * 4);
+          else demote_to_shared_cache(a.out + (t * a.nh + h0) * a.hd, size_t((h1 - h0) * a.hd) * 4);
+        }
     }
   }, ahead);
   for (size_t i = 0; i < size_t(n_seqs); ++i) {

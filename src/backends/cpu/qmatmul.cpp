@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "core/cache_hint.h"
 #include "core/env_flag.h"
 #include "core/error.h"
 #include "core/mmap.h"
@@ -344,6 +345,10 @@ ThreadPool::Ahead ahead_plan(int64_t n, int64_t grain) {
   return a;
 }
 
+// Up to this many tokens (decode, small batches) a region's outputs are demoted to the shared
+// cache as they are written (demote_to_shared_cache): the next op reads them on another core.
+constexpr int64_t kDemoteTokens = 16;
+
 // x[n, k] quantized into the calling thread's activations, which the region's tasks then read
 // from the workers (a reference, so the tasks do not name a worker's own thread_local).
 const QActs& quantized_on_caller(const float* x, int64_t ldx, int64_t n, int64_t k) {
@@ -373,7 +378,13 @@ void run_matmuls_on(QMatmulFn fn, const std::vector<const QPacked*>& ws, const Q
   ThreadPool::global().parallel_for(total, grain, [&](int64_t b, int64_t e) {
     for (size_t i = 0; i < ws.size() && b < e; ++i) {
       const int64_t lo = std::max(b, first[i]), hi = std::min(e, first[i + 1]);
-      if (lo < hi) fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
+      if (lo < hi) {
+        fn(*ws[i], acts, ys[i], ldys[i], lo - first[i], hi - first[i], 0, n);
+        if (n <= kDemoteTokens) {
+          const int64_t r0 = (lo - first[i]) * kQRows, r1 = std::min(ws[i]->m, (hi - first[i]) * kQRows);
+          for (int64_t t = 0; t < n; ++t) demote_to_shared_cache(ys[i] + t * ldys[i] + r0, size_t(r1 - r0) * sizeof(float));
+        }
+      }
     }
   }, ThreadPool::ahead_after(ws[0], self));
 }
@@ -435,8 +446,17 @@ void qmatmul_gated_ffn(QMatmulFn fn, const QPacked& gate, const QPacked& up, con
   QActs& mid = mid_acts;
   size_acts(mid, n, gate.m);
   const QuantizeActsFn quantize = quantize_acts_fn();
-  gate_up_region(fn, gate, up, quantized_on_caller(x, ldx, n, gate.k), n, g, u, 2,
-                 [&](int64_t r0, int64_t r1) { quantize(g, gate.m, 0, n, r0 / 32, r1 / 32, mid); });
+  gate_up_region(fn, gate, up, quantized_on_caller(x, ldx, n, gate.k), n, g, u, 2, [&](int64_t r0, int64_t r1) {
+    const int64_t b0 = r0 / 32, b1 = r1 / 32, nb = gate.m / 32;
+    quantize(g, gate.m, 0, n, b0, b1, mid);
+    if (n > kDemoteTokens) return;
+    for (int64_t t = 0; t < n; ++t) {  // every worker of the down projection reads all of them
+      demote_to_shared_cache(mid.q.data() + t * gate.m + r0, size_t(r1 - r0));
+      for (const float* v : {mid.dx.data(), mid.dsum32.data()}) demote_to_shared_cache(v + t * nb + b0, size_t(b1 - b0) * 4);
+      demote_to_shared_cache(mid.qsum.data() + t * nb + b0, size_t(b1 - b0) * 4);
+      demote_to_shared_cache(mid.dsum16.data() + 2 * (t * nb + b0), size_t(b1 - b0) * 8);
+    }
+  });
   run_matmuls_on(fn, {&down}, mid, n, {y}, {ldy});
 }
 
