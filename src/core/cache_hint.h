@@ -8,6 +8,11 @@
 
 namespace mb {
 
+// Up to this many tokens a step (decode, small batches) the kernels demote what they write for
+// the next op: a row's few KB are read once, by another core. A prefill's outputs are read by the
+// many threads of the next region, and demoting them would be work for no gain.
+constexpr int64_t kDemoteTokens = 16;
+
 // CLDEMOTE: a hint, executed as a NOP by CPUs without it (which is why no dispatch guards it), and
 // ordered after this core's stores to the same line.
 inline void demote_to_shared_cache(const void* p, size_t bytes) {

@@ -20,7 +20,7 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
   // a slot (each owning layer's ring flag and capacity) is the same for all slots.
   struct Layout {
     bool ring;
-    int64_t capacity, floats;
+    int64_t capacity, floats, padded;  // padded: floats rounded up to 64 bytes
   };
   std::vector<Layout> layout(n_layers_);
   int64_t slot_floats = 0;
@@ -32,7 +32,8 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
     y.ring = L.kind == AttnKind::Sliding && ring < opts.max_context;
     y.capacity = y.ring ? ring : opts.max_context;
     y.floats = y.capacity * L.n_kv_heads * L.head_dim;
-    slot_floats += 2 * ((y.floats + 15) / 16 * 16);
+    y.padded = (y.floats + 15) / 16 * 16;
+    slot_floats += 2 * y.padded;
   }
   for (int s = 0; s < opts.n_slots && slot_floats > 0; ++s) {
     const Tensor block = backend.alloc(DType::F32, {slot_floats});
@@ -43,7 +44,7 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
       const Layout& y = layout[l];
       auto carve = [&] {
         Tensor t = block.slice_rows(off, y.floats).reshaped({y.capacity, L.n_kv_heads, L.head_dim});
-        off += (y.floats + 15) / 16 * 16;
+        off += y.padded;
         return t;
       };
       KVStore& st = stores_[size_t(s) * n_layers_ + l];

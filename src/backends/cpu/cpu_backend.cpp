@@ -141,16 +141,24 @@ class RopeTables {
 // place in a GGUF mapping each sits on its own 4 KB pages between two large tensors, so each read
 // was a TLB walk and a prefetch stream cut at 4 KB, from memory; here a whole model's vectors
 // (1.2 MB on E2B) are one TLB entry, in the order the layers read them.
+// A tensor of its own alloc_streamed memory: zeroed, from 2 MB up on huge pages.
+Tensor streamed_tensor(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  std::shared_ptr<uint8_t> p = alloc_streamed(std::max<size_t>(t.nbytes(), 1));
+  t.data = p.get();
+  t.owner = std::move(p);
+  return t;
+}
+
 class VectorArena {
  public:
   Tensor copy(const Tensor& src) {
     const size_t bytes = (src.nbytes() + 63) / 64 * 64;
     if (bytes > kBlock / 4) {  // a large one gets its own block rather than wasting a block's tail
-      Tensor t = src;
-      std::shared_ptr<uint8_t> p = alloc_streamed(bytes);
-      std::memcpy(p.get(), src.data, src.nbytes());
-      t.data = p.get();
-      t.owner = std::move(p);
+      Tensor t = streamed_tensor(src.dtype, src.shape);
+      std::memcpy(t.data, src.data, src.nbytes());
       return t;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -180,15 +188,7 @@ class CpuBackend final : public Backend {
 
   // alloc_streamed: what is allocated here (KV caches) is read through every step, so from 2 MB
   // up it gets huge pages; its pages are zero until written, and only those written are resident.
-  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
-    Tensor t;
-    t.dtype = dtype;
-    t.shape = std::move(shape);
-    std::shared_ptr<uint8_t> p = alloc_streamed(std::max<size_t>(t.nbytes(), 1));
-    t.data = p.get();
-    t.owner = std::move(p);
-    return t;
-  }
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return streamed_tensor(dtype, std::move(shape)); }
   Tensor scratch(DType dtype, std::vector<int64_t> shape) override {
     Tensor t;
     t.dtype = dtype;

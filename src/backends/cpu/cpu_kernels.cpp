@@ -501,7 +501,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     ThreadPool::Ahead self;
     self.n = tasks;
     self.grain = grain;
-    self.budget = 2 * ThreadPool::ahead_budget();
+    self.budget = 2 * ThreadPool::ahead_budget();  // a split's K and V: 128 KB at hd 256, 256 KB at 512
     const size_t split_bytes = size_t(kAttnSplit * a.nkv * a.hd) * sizeof(float);
     const int64_t first_slot = a.ring ? pl.split0 % a.capacity : pl.split0;
     for (const float* base : {a.k, a.v})
@@ -533,7 +533,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
       float* scratch = buf.floats(std::max<size_t>(16, K.attn_scratch_floats((t1 - t0) * (h1 - h0), a.hd)));
       K.attention(a, t0, t1, h0, h1, scratch);
       // Decode: the caller merges the splits (or the output projection reads the rows) next.
-      if (a.n <= 16)
+      if (a.n <= kDemoteTokens)
         for (int64_t t = t0; t < t1; ++t) {
           if (a.part) demote_to_shared_cache(a.part + (t * a.nh + h0) * (a.hd + 2), size_t((h1 - h0) * (a.hd + 2)) * 4);
           else demote_to_shared_cache(a.out + (t * a.nh + h0) * a.hd, size_t((h1 - h0) * a.hd) * 4);

@@ -345,10 +345,6 @@ ThreadPool::Ahead ahead_plan(int64_t n, int64_t grain) {
   return a;
 }
 
-// Up to this many tokens (decode, small batches) a region's outputs are demoted to the shared
-// cache as they are written (demote_to_shared_cache): the next op reads them on another core.
-constexpr int64_t kDemoteTokens = 16;
-
 // x[n, k] quantized into the calling thread's activations, which the region's tasks then read
 // from the workers (a reference, so the tasks do not name a worker's own thread_local).
 const QActs& quantized_on_caller(const float* x, int64_t ldx, int64_t n, int64_t k) {
