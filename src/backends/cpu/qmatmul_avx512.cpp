@@ -101,11 +101,16 @@ template <DType T> inline float block_dsum(const QActs& x, int64_t t, int64_t si
   return x.dsum32[size_t(t * nb + si)];
 }
 
-// Bytes ahead of the codes being read that each block prefetches. On the 16-core Xeon a thread
-// streams ~6.5 GB/s at decode, so 2 KB is ~300 ns ahead, about one loaded DRAM latency: 4 KB gave
-// E2B decode +6% (q4_0) and +4.5% (q8_0) there, alternating; 1 KB was slower, 6-8 KB and
-// prefetches into L2 no better (docs/benchmarks.md, fifth pass).
-constexpr size_t kPrefetch = 4096;
+// Each block prefetches the codes kFarAhead bytes past it into L2 and kNearAhead bytes past it
+// into L1. To stream at DRAM speed a core must keep many lines in flight, and L2 tracks more
+// outstanding misses than L1 does: with one distance into L1, one thread of a Zen 4 VM read the
+// weights at 13-18 GB/s where its read-bandwidth probe reached 27-31, and the Xeon's threads sat
+// below the probe too. 16 KB into L2 plus 2 KB into L1, against 4 KB into L1 alone (the fifth
+// pass's best single distance), medians of alternating rounds: one Zen 4 thread 18.6-19.2 GB/s
+// against 13.3-18.1; E2B decode on that VM's 2 cores +11% (q4_0) and +6% (q8_0); on xeon-16c at
+// 16 threads +2.6% (q4_0) and +11% (q8_0) (docs/benchmarks.md, eleventh pass). A task starts by
+// prefetching its first kFarAhead bytes, which the in-loop prefetches never cover.
+constexpr size_t kFarAhead = 16384, kNearAhead = 2048;
 
 // The per-unit f16 scales of the K types (d, and dmin for Q4_K), loaded once per 8 blocks.
 template <DType T> inline void unit_scales(const uint8_t* su, __m512& d, __m512& dmin) {
@@ -158,7 +163,10 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
     const int blk = int(bi % Lay.blocks_per_unit);
     if (blk == 0 && bi > 0) su += Lay.unit_scales;
     if (blk == 0) unit_scales<T>(su, d, dmin);
-    for (size_t off = 0; off < Lay.block_codes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(cb + kPrefetch + off), _MM_HINT_T0);
+    for (size_t off = 0; off < Lay.block_codes; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(cb + kFarAhead + off), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(cb + kNearAhead + off), _MM_HINT_T0);
+    }
     __m512i c[8];
     unpack<T>(cb, c);
     const int64_t kb = 32 * bi;
@@ -181,7 +189,7 @@ void group_tokens(const QPacked& w, const QActs& x, int64_t g, int64_t tb, float
 
 template <DType T>
 void kernel_t(const QPacked& w, const QActs& x, float* y, int64_t ldy, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
-  if (g0 < g1) w.prefetch_start(g0, kPrefetch);
+  if (g0 < g1) w.prefetch_start(g0, kFarAhead);
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t valid = std::min<int64_t>(kQRows, w.m - g * kQRows);
     const __mmask16 rows = __mmask16((1u << valid) - 1u);
