@@ -6,8 +6,8 @@
 #   tools/cpu_targets.sh [ROUNDS=3]
 # Env: MARKBASE, LLAMA_BENCH (as tools/bench_vs_llama.sh), THREADS (default: every CPU this
 # process may use, capped by a cgroup CPU quota), SYNTH_DIR (default /tmp/synth), FLOOR_ROUNDS
-# (default 10: on xeon-16c, sets of 5 rounds gave q4_0 floor shares of 0.63-0.89 where every set
-# of 10-20 gave 0.86-0.88; docs/benchmarks.md, ninth pass).
+# (default 10: on xeon-16c, sets of 5 rounds gave q4_0 floor shares against the probe's best pass
+# of 0.63-0.89 where every set of 10-20 gave 0.86-0.88; docs/benchmarks.md, ninth pass).
 set -euo pipefail
 rounds=${1:-3}
 here=$(cd "$(dirname "$0")" && pwd)
