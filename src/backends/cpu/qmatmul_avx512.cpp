@@ -110,7 +110,8 @@ template <DType T> inline float block_dsum(const QActs& x, int64_t t, int64_t si
 // VM's 2 cores +4% (E2B q4_0), +5% (q8_0) and +26% (Gemma 3 270M Q4_K_M), on xeon-16c at 16
 // threads +2% (q4_0) and +5% (q8_0): medians of alternating rounds (docs/benchmarks.md, eleventh
 // pass). A task starts by prefetching its first kFarAhead bytes, which the in-loop prefetches
-// never cover.
+// never cover, all into L1: it reads them within microseconds (the same two levels there were no
+// faster on E2B and 1-4% slower on the 270M's small matrices).
 constexpr size_t kFarAhead = 16384, kNearAhead = 2048;
 
 // The per-unit f16 scales of the K types (d, and dmin for Q4_K), loaded once per 8 blocks.
