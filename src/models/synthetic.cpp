@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/quant.h"
+#include "core/splitmix64.h"
 #include "core/thread_pool.h"
 #include "formats/hf_config.h"
 
@@ -45,10 +46,7 @@ json base_text(int H, int L, int period, int nh, int nkv, int I, int W, int max_
 
 // Fast deterministic fill: splitmix64 per element index, so any thread split gives the same bits.
 inline float uniform_pm1(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
+  const uint64_t z = splitmix64_mix(seed + i * kSplitmix64Gamma);
   return float(int64_t(z >> 40) - (int64_t(1) << 23)) * (1.f / float(1 << 23));
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/splitmix64.h"
 
 namespace mb {
 
@@ -16,20 +17,14 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplerParams& p) : p_(p), state_(p.seed ^ 0x9E3779B97F4A7C15ull) {
+Sampler::Sampler(const SamplerParams& p) : p_(p), state_(p.seed ^ kSplitmix64Gamma) {
   MB_CHECK(std::isfinite(p.temperature) && p.temperature >= 0, "temperature must be >= 0, got {}", p.temperature);
   MB_CHECK(p.top_k >= 0, "top_k must be >= 0, got {}", p.top_k);
   MB_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1], got {}", p.top_p);
   MB_CHECK(p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1], got {}", p.min_p);
 }
 
-// splitmix64: tiny, fast, and its output is fixed by this code alone.
-uint64_t Sampler::next_u64() {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t Sampler::next_u64() { return splitmix64_next(state_); }
 
 double Sampler::next_unit() { return double(next_u64() >> 11) * 0x1.0p-53; }
 

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace mb::jinja {
 namespace {
@@ -36,37 +37,8 @@ template <class... A>
 // ---------------------------------------------------------------------------------------------
 // Text: Python strings index and strip by code point, so UTF-8 is decoded where it matters.
 
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
-
-// Decodes one code point at s[i]; invalid bytes decode as U+FFFD of length 1.
-char32_t decode_at(std::string_view s, size_t i, size_t* len) {
-  unsigned char c = s[i];
-  int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (n == 0 || i + n > s.size()) {
-    *len = 1;
-    return 0xFFFD;
-  }
-  char32_t cp = n == 1 ? c : c & (0x7F >> n);
-  for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  *len = n;
-  return cp;
-}
+// An ill-formed byte reads as U+FFFD of length 1.
+char32_t decode_at(std::string_view s, size_t i, size_t* len) { return utf8_decode_lenient(s, i, len); }
 
 std::u32string to_u32(std::string_view s) {
   std::u32string r;
@@ -78,7 +50,7 @@ std::u32string to_u32(std::string_view s) {
 std::string to_u8(std::u32string_view s) {
   std::string r;
   r.reserve(s.size());
-  for (char32_t c : s) append_utf8(r, c);
+  for (char32_t c : s) utf8_append(r, c);
   return r;
 }
 
@@ -198,7 +170,7 @@ std::string py_repr_str(std::string_view s) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (py_printable(c)) {
-      append_utf8(out, c);
+      utf8_append(out, c);
     } else if (c <= 0xFF) {
       out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
     } else if (c <= 0xFFFF) {
@@ -932,7 +904,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     int64_t done = 0;
     for (char32_t c : u) {
       if (count < 0 || done < count) out += to, ++done;
-      append_utf8(out, c);
+      utf8_append(out, c);
     }
     if (count < 0 || done < count) out += to;
     return out;
@@ -1620,7 +1592,7 @@ std::string unescape(std::string_view s, int line) {
         v = v * 16 + d;
       }
       i += n;
-      append_utf8(out, v);
+      utf8_append(out, v);
     };
     switch (c) {
       case '\n': break;
@@ -1644,7 +1616,7 @@ std::string unescape(std::string_view s, int line) {
           size_t k = 0;
           for (; k < 3 && i + k < s.size() && s[i + k] >= '0' && s[i + k] <= '7'; ++k) v = v * 8 + (s[i + k] - '0');
           i += k - 1;
-          append_utf8(out, v);
+          utf8_append(out, v);
         } else {
           out += '\\';
           out += c;

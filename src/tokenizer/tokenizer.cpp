@@ -25,21 +25,6 @@ uint32_t last_cp(std::string_view s) {
   return first_cp(s.substr(i));
 }
 
-bool is_valid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    if (p[i] < 0x80) {
-      ++i;
-      continue;
-    }
-    int r = utf8_check(p + i, n - i);
-    if (r <= 0) return false;
-    i += r;
-  }
-  return true;
-}
-
 bool is_single_cp(std::string_view s) {
   if (s.empty()) return false;
   int r = utf8_check(reinterpret_cast<const unsigned char*>(s.data()), s.size());
@@ -741,7 +726,7 @@ std::string sanitize_utf8(std::string_view s) {
 // per byte.
 void close_byte_run(std::string& out, size_t run_start) {
   std::string_view run = std::string_view(out).substr(run_start);
-  if (is_valid_utf8(run)) return;
+  if (utf8_valid(run)) return;
   size_t n = run.size();
   out.resize(run_start);
   for (size_t k = 0; k < n; ++k) out.append(kReplacementChar);
@@ -756,7 +741,7 @@ Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) 
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   std::string fixed;
-  if (!tok_detail::is_valid_utf8(text)) {
+  if (!utf8_valid(text)) {
     fixed = tok_detail::sanitize_utf8(text);
     text = fixed;
   }
@@ -907,7 +892,7 @@ void StreamingDecoder::drain(std::string& out, bool final) {
   const tok_detail::DecodeStrip& st = impl_->final_strip;
   size_t i = 0;
   while (i < n) {
-    int r = tok_detail::utf8_check(p + i, n - i);
+    int r = utf8_check(p + i, n - i);
     if (r == 0 && !final) break;
     std::string_view ch = r > 0 ? std::string_view(pending_).substr(i, r) : tok_detail::kReplacementChar;
     i += r > 0 ? r : 1;
