@@ -11,11 +11,11 @@
 
 #include "backends/backend.h"
 #include "core/quant.h"
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 #include "formats/gguf.h"
 #include "markbase/markbase.h"
 #include "models/model.h"
-#include "models/synthetic.h"
+#include "models/gemma4/synthetic.h"
 #include "runtime/kv_cache.h"
 #include "test_util.h"
 

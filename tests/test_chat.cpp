@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "models/architecture.h"
 #include "tokenizer/chat.h"
 
 namespace {
@@ -213,8 +214,11 @@ TEST_F(ChatCheckpointDir, MissingTemplateIsAnError) {
 TEST(ChatStopTokens, Gemma) {
   EXPECT_EQ(std::vector<std::string_view>(mb::kGemma4StopTokens.begin(), mb::kGemma4StopTokens.end()),
             (std::vector<std::string_view>{"<turn|>", "<eos>", "<|tool_response>"}));
-  EXPECT_EQ(std::vector<std::string_view>(mb::kGemma3StopTokens.begin(), mb::kGemma3StopTokens.end()),
-            (std::vector<std::string_view>{"<end_of_turn>", "<eos>"}));
+  const auto g3 = mb::architecture_named("gemma3").stop_tokens();
+  EXPECT_EQ(std::vector<std::string_view>(g3.begin(), g3.end()), (std::vector<std::string_view>{"<end_of_turn>", "<eos>"}));
+  const auto g4 = mb::architecture_named("gemma4").stop_tokens();
+  EXPECT_EQ(std::vector<std::string_view>(g4.begin(), g4.end()),
+            (std::vector<std::string_view>{"<turn|>", "<eos>", "<|tool_response>"}));
 }
 
 TEST(ChatParse, MatchesTransformersResponseParser) {

@@ -11,10 +11,11 @@
 #include "backends/backend.h"
 #include "core/error.h"
 #include "core/quant.h"
-#include "formats/checkpoint.h"
+#include "models/architecture.h"
+#include "models/checkpoint.h"
 #include "formats/gguf.h"
-#include "formats/gguf_export.h"
-#include "formats/gguf_model.h"
+#include "models/gguf_export.h"
+#include "models/gguf_config.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"
 #include "test_util.h"
@@ -33,10 +34,8 @@ void convert_to_gguf(const std::string& dir, const std::string& out) {
 
 std::vector<float> forward_logits(std::shared_ptr<const Checkpoint> ck, const std::vector<int32_t>& tokens) {
   auto be = make_cpu_backend();
-  ModelLoadOptions mo;
   const int64_t n = int64_t(tokens.size());
-  mo.max_step = n;
-  auto model = load_model(ck, *be, mo);
+  auto model = load_model(ck, *be, {});
   KVCache kv(model->config(), *be, {1, n, n});
   Batch b;
   b.tokens = tokens;
@@ -139,14 +138,18 @@ TEST(GgufModel, TensorNamesMapBothWays) {
       {"blk.1.inp_gate.weight", "model.layers.1.per_layer_input_gate.weight"},
       {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
   };
+  const Architecture& arch = architecture_named("gemma4");
   for (auto& [g, h] : cases) {
-    EXPECT_EQ(gguf_to_hf_name(g), h);
-    EXPECT_EQ(hf_to_gguf_name(h), g);
+    EXPECT_EQ(arch.gguf_to_hf_name(g), h);
+    EXPECT_EQ(arch.hf_to_gguf_name(h), g);
   }
-  EXPECT_EQ(gguf_to_hf_name("rope_freqs.weight"), "");
-  EXPECT_EQ(gguf_to_hf_name("blk.x.attn_q.weight"), "blk.x.attn_q.weight");
-  EXPECT_EQ(gguf_to_hf_name("v.blk.0.attn_q.weight"), "v.blk.0.attn_q.weight");
-  EXPECT_EQ(hf_to_gguf_name("model.vision_tower.foo"), "");
+  EXPECT_EQ(arch.gguf_to_hf_name("rope_freqs.weight"), "");
+  EXPECT_EQ(arch.gguf_to_hf_name("blk.x.attn_q.weight"), "blk.x.attn_q.weight");
+  EXPECT_EQ(arch.gguf_to_hf_name("v.blk.0.attn_q.weight"), "v.blk.0.attn_q.weight");
+  EXPECT_EQ(arch.hf_to_gguf_name("model.vision_tower.foo"), "");
+  // Gemma 3 has the plain decoder's names only.
+  EXPECT_EQ(architecture_named("gemma3").hf_to_gguf_name("model.layers.1.per_layer_input_gate.weight"), "");
+  EXPECT_EQ(architecture_named("gemma3").hf_to_gguf_name("model.layers.1.mlp.down_proj.weight"), "blk.1.ffn_down.weight");
 }
 
 // A gemma4 GGUF with what the converter writes for an E2B-like model, built by hand.

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 #include "formats/safetensors.h"
 #include "test_util.h"
 

@@ -8,7 +8,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 #include "markbase/markbase.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"

@@ -12,7 +12,7 @@
 #include "backends/profiling_backend.h"
 #include "core/scratch_pool.h"
 #include "models/model.h"
-#include "models/synthetic.h"
+#include "models/gemma4/synthetic.h"
 #include "runtime/kv_cache.h"
 #include "test_util.h"
 

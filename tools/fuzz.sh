@@ -10,26 +10,13 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$ROOT/build-fuzz
 CXX=${CXX_FUZZ:-clang++}
 JOBS=${JOBS:-$(nproc)}
-mkdir -p "$OUT/obj" "$OUT/corpus" "$OUT/seeds"
+mkdir -p "$OUT/corpus" "$OUT/seeds"
 
-FLAGS=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
-       -fno-sanitize-recover=undefined -I"$ROOT/include" -I"$ROOT/src")
-SOURCES=(src/core/dtype.cpp src/core/mmap.cpp src/core/tensor.cpp src/formats/tensor_registry.cpp
-         src/formats/safetensors.cpp src/formats/gguf.cpp src/formats/gguf_model.cpp tests/fuzz/fuzz_parsers.cpp)
-
-objs=()
-pids=()
-for src in "${SOURCES[@]}"; do
-  obj="$OUT/obj/$(echo "$src" | tr / _).o"
-  objs+=("$obj")
-  if [[ ! -f $obj || $ROOT/$src -nt $obj || -n $(find "$ROOT/src" -name '*.h' -newer "$obj" -print -quit) ]]; then
-    "$CXX" "${FLAGS[@]}" -c "$ROOT/$src" -o "$obj" &
-    pids+=($!)
-    if (( ${#pids[@]} >= JOBS )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
-  fi
-done
-for p in "${pids[@]}"; do wait "$p"; done
-"$CXX" -fsanitize=fuzzer,address,undefined "${objs[@]}" -lfmt -o "$OUT/fuzz_parsers"
+# The fuzz targets and the parser layers they test are built by CMake (MARKBASE_FUZZ), so the
+# sources they need are the library's own, never a list kept here.
+cmake -S "$ROOT" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$CXX" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DMARKBASE_FUZZ=ON >/dev/null
+ninja -C "$OUT" -j "$JOBS" fuzz_parsers
 
 cat > "$OUT/gguf.dict" <<'DICT'
 "GGUF"

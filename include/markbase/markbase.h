@@ -11,17 +11,13 @@
 #include <functional>
 #include <memory>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace markbase {
+#include "markbase/error.h"
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
-};
+namespace markbase {
 
 struct SamplingParams {
   float temperature = 0.f;  // <= 0: greedy

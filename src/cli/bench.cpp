@@ -32,10 +32,10 @@
 #include "core/mmap.h"
 #include "core/stats.h"
 #include "core/thread_pool.h"
-#include "formats/checkpoint.h"
-#include "formats/gguf_export.h"
+#include "models/checkpoint.h"
+#include "models/gguf_export.h"
 #include "models/model.h"
-#include "models/synthetic.h"
+#include "models/gemma4/synthetic.h"
 #include "runtime/kv_cache.h"
 
 namespace mb::cli {
@@ -336,15 +336,15 @@ void run_bench(const BenchArgs& a) {
     size_t kv_bytes = 0;
     PhaseProfile pp_profile, tg_profile;
     for (int rep = 0; rep < a.reps; ++rep) {
-      KVCache kv(c, *be, {B, int64_t(a.pp + a.tg + 1), 512});
+      KVCache kv(c, *be, {B, int64_t(a.pp + a.tg + 1), kMaxStepTokens});
       kv_bytes = kv.bytes();
       std::vector<float> logits;
       if (profiler) profiler->set_enabled(true);
       auto t0 = Clock::now();
       for (int s = 0; s < B; ++s) {
         auto toks = random_tokens(a.pp, c.vocab_size, uint64_t(rep * 1000 + s + 1));
-        for (int64_t off = 0; off < a.pp; off += 512) {
-          const int64_t cnt = std::min<int64_t>(512, a.pp - off);
+        for (int64_t off = 0; off < a.pp; off += kMaxStepTokens) {
+          const int64_t cnt = std::min<int64_t>(kMaxStepTokens, a.pp - off);
           Batch batch;
           batch.tokens.assign(toks.begin() + off, toks.begin() + off + cnt);
           for (int64_t i = 0; i < cnt; ++i) batch.positions.push_back(int32_t(off + i));

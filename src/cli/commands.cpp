@@ -11,8 +11,8 @@
 #include "core/error.h"
 #include "markbase/markbase.h"
 #include "runtime/text.h"
-#include "formats/checkpoint.h"
-#include "formats/gguf_export.h"
+#include "models/checkpoint.h"
+#include "models/gguf_export.h"
 
 #include <unistd.h>
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "markbase/markbase.h"
+#include "markbase/error.h"
 
 namespace mb {
 

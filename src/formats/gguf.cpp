@@ -455,6 +455,12 @@ std::vector<int64_t> GgufTensorInfo::shape() const {
 
 // ---- GgufFile ---------------------------------------------------------------------------------
 
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
 std::shared_ptr<GgufFile> GgufFile::open(const std::string& path) {
   auto file = MappedFile::open(path);
   std::shared_ptr<GgufFile> g(new GgufFile());

@@ -90,6 +90,10 @@ std::string ggml_type_name(uint32_t ggml_type);
 bool ggml_type_to_dtype(uint32_t ggml_type, DType& out);
 uint32_t dtype_to_ggml_type(DType t);  // throws for dtypes GGUF cannot store (U8, BOOL)
 
+// Whether the file at `path` starts with the GGUF magic: files are told apart by content, not by
+// their name's ending. False for a folder or a file that cannot be read.
+bool is_gguf_file(const std::string& path);
+
 class GgufFile {
  public:
   static std::shared_ptr<GgufFile> open(const std::string& path);

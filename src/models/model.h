@@ -5,11 +5,21 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "formats/checkpoint.h"
-#include "formats/model_config.h"
-#include "runtime/kv_cache.h"
+#include "models/checkpoint.h"
+#include "models/model_config.h"
 
 namespace mb {
+
+// The KV memory a forward call writes each sequence's new keys and values to and attends over.
+// The runtime owns it (runtime/kv_cache.h); a model sees only this.
+class KVMemory {
+ public:
+  virtual ~KVMemory() = default;
+  // The store a layer reads for the sequence in `slot` (KV-shared layers get their source's).
+  virtual KVStore& store(int slot, int layer) = 0;
+  virtual int64_t max_context() const = 0;  // positions a sequence may reach
+  virtual int64_t max_step() const = 0;     // most new tokens of one sequence in one call
+};
 
 struct BatchSequence {
   int kv_slot = 0;     // which KV slot holds this sequence's past
@@ -27,7 +37,6 @@ struct Batch {
 struct ModelLoadOptions {
   DType weight_dtype = DType::F32;  // dtype of the large matrices
   bool keep_checkpoint_dtype = true;  // "auto": use the checkpoint's own dtype
-  int64_t max_step = 512;            // most tokens in one forward call
 };
 
 class Model {
@@ -35,17 +44,14 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   // Runs the batch, writing its K/V into `kv`; logits [batch.logit_rows.size(), vocab] f32 on the host.
-  virtual void forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) = 0;
+  virtual void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) = 0;
   virtual size_t weight_bytes() const = 0;
   // Weight bytes one decode step streams: every matrix once (the tied LM head included), only
   // the routed share of MoE experts, no embedding-table rows.
   virtual size_t decode_weight_bytes() const = 0;
 };
 
-// One factory per architecture file; load_model picks by config.family.
-std::unique_ptr<Model> make_gemma_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
-                                         const ModelLoadOptions& opts);
-
+// The forward pass of the checkpoint's architecture (models/architecture.h).
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                   const ModelLoadOptions& opts);
 

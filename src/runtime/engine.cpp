@@ -10,7 +10,7 @@
 #include "backends/backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 #include "markbase/markbase.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"
@@ -63,7 +63,6 @@ class LocalEngine final : public Engine {
                fmt::join(mb::weight_dtype_names(), ", "));
       mo.weight_dtype = *t;
     }
-    mo.max_step = kMaxStep;
     model_ = mb::load_model(ck_, *backend_, mo);
     // The GGUF metadata (mostly token strings, several MB) has served the config; the tokenizer
     // is read on its own below.
@@ -84,7 +83,7 @@ class LocalEngine final : public Engine {
     info_.details = describe_config(c);
     stop_ids_.assign(c.eos_ids.begin(), c.eos_ids.end());
     try {
-      text_.emplace(mb::TextCodec::load(opts.model_path));
+      text_.emplace(mb::TextCodec::load(opts.model_path, ck_->architecture()));
       stop_ids_ = text_->stop_ids(stop_ids_);
       MB_CHECK(text_->tokenizer().vocab_size() <= c.vocab_size,
                "{}: the tokenizer has {} ids but the model only {}", opts.model_path, text_->tokenizer().vocab_size(),
@@ -184,7 +183,7 @@ class LocalEngine final : public Engine {
   }
 
  private:
-  static constexpr int64_t kMaxStep = 512;
+  static constexpr int64_t kMaxStep = mb::kMaxStepTokens;
 
   void check_tokens(std::span<const int32_t> tokens) const {
     for (int32_t t : tokens)

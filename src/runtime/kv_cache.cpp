@@ -12,7 +12,6 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
   owner_.resize(n_layers_);
   for (size_t l = 0; l < n_layers_; ++l) owner_[l] = cfg.layers[l].kv_source;
   stores_.resize(size_t(opts.n_slots) * n_layers_);
-  lengths_.assign(size_t(opts.n_slots), 0);
   // Each slot's stores are views of one allocation: a decode step reads every layer's keys and
   // values, and one block of >= 2 MB gets the backend's large pages (on the CPU, transparent huge
   // pages: no TLB walk and no prefetcher restart every 4 KB, where a store per layer of a short

@@ -7,18 +7,19 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "models/architecture.h"
+#include "models/checkpoint.h"
 
 namespace mb {
 
 namespace fs = std::filesystem;
 
-extern const char* const kBuiltinGemma3Template;
-extern const char* const kBuiltinGemma4Template;
+TextCodec::TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, const Architecture& arch)
+    : tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)), arch_(&arch) {}
 
-TextCodec::TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, std::string family)
-    : tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)), family_(std::move(family)) {}
+TextCodec TextCodec::load(const std::string& model_path) { return load(model_path, model_architecture(model_path)); }
 
-TextCodec TextCodec::load(const std::string& model_path) {
+TextCodec TextCodec::load(const std::string& model_path, const Architecture& arch) {
   fs::path p(model_path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", model_path);
   if (fs::is_directory(p)) {
@@ -30,8 +31,7 @@ TextCodec TextCodec::load(const std::string& model_path) {
     } catch (const Error&) {
       // No template: plain text still works; --chat reports the absence when asked for.
     }
-    const std::string family = tok.find_token("<|turn>") >= 0 ? "gemma4" : "gemma3";
-    TextCodec codec(std::move(tok), std::move(tmpl), family);
+    TextCodec codec(std::move(tok), std::move(tmpl), arch);
     if (codec.tokenizer_.bos_id() >= 0) codec.bos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.bos_id());
     if (codec.tokenizer_.eos_id() >= 0) codec.eos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.eos_id());
     if (fs::exists(p / "tokenizer_config.json")) {
@@ -49,11 +49,11 @@ TextCodec TextCodec::load(const std::string& model_path) {
     }
     return codec;
   }
-  MB_CHECK(p.extension() == ".gguf", "{}: expected a checkpoint folder or a .gguf file", model_path);
-  return from_gguf(*GgufFile::open(model_path));
+  MB_CHECK(is_gguf_file(model_path), "{}: expected a checkpoint folder or a GGUF file", model_path);
+  return from_gguf(*GgufFile::open(model_path), arch);
 }
 
-TextCodec TextCodec::from_gguf(const GgufFile& g) {
+TextCodec TextCodec::from_gguf(const GgufFile& g, const Architecture& arch) {
   MB_CHECK(g.find("tokenizer.ggml.tokens") != nullptr, "{}: no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)",
            g.path());
   std::vector<std::string> tokens = g.get("tokenizer.ggml.tokens").strings();
@@ -74,12 +74,11 @@ TextCodec TextCodec::from_gguf(const GgufFile& g) {
   id("tokenizer.ggml.unknown_token_id", o.unk_id);
   Tokenizer tok = Tokenizer::from_vocab(std::move(tokens), std::move(merges), std::move(types), o);
   std::optional<ChatTemplate> tmpl;
-  const std::string family = tok.find_token("<|turn>") >= 0 ? "gemma4" : "gemma3";
   if (const GgufValue* t = g.find("tokenizer.chat_template"); t && t->type == GgufType::STRING)
     tmpl.emplace(t->as_string());
-  else  // base-model GGUFs carry no template; use the family's instruction-tuned one
-    tmpl.emplace(std::string(family == "gemma4" ? kBuiltinGemma4Template : kBuiltinGemma3Template));
-  TextCodec codec(std::move(tok), std::move(tmpl), family);
+  else  // base-model GGUFs carry no template; use the architecture's instruction-tuned one
+    tmpl.emplace(std::string(arch.builtin_chat_template()));
+  TextCodec codec(std::move(tok), std::move(tmpl), arch);
   if (codec.tokenizer_.bos_id() >= 0) codec.bos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.bos_id());
   if (codec.tokenizer_.eos_id() >= 0) codec.eos_token_ = codec.tokenizer_.token_text(codec.tokenizer_.eos_id());
   return codec;
@@ -120,10 +119,7 @@ std::vector<int32_t> TextCodec::stop_ids(const std::vector<int32_t>& model_eos) 
     int32_t id = tokenizer_.find_token(piece);
     if (id >= 0) ids.push_back(id);
   };
-  if (family_ == "gemma4")
-    for (auto s : kGemma4StopTokens) add(s);
-  else
-    for (auto s : kGemma3StopTokens) add(s);
+  for (std::string_view s : arch_->stop_tokens()) add(s);
   if (tokenizer_.eos_id() >= 0) ids.push_back(tokenizer_.eos_id());
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());

@@ -10,14 +10,18 @@
 
 namespace mb {
 
+class Architecture;
 class GgufFile;
 
 class TextCodec {
  public:
-  // Throws mb::Error when the model carries no tokenizer.
+  // Throws mb::Error when the model carries no tokenizer. `arch` gives the stop tokens and the
+  // chat template of files that carry none.
+  static TextCodec load(const std::string& model_path, const Architecture& arch);
+  // The same, finding the architecture from the model's config.
   static TextCodec load(const std::string& model_path);
-  static TextCodec from_gguf(const GgufFile& gguf);
-  TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, std::string family);
+  static TextCodec from_gguf(const GgufFile& gguf, const Architecture& arch);
+  TextCodec(Tokenizer tokenizer, std::optional<ChatTemplate> chat_template, const Architecture& arch);
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   bool has_chat_template() const { return chat_template_.has_value(); }
@@ -37,7 +41,7 @@ class TextCodec {
  private:
   Tokenizer tokenizer_;
   std::optional<ChatTemplate> chat_template_;
-  std::string family_;
+  const Architecture* arch_;
   std::string bos_token_ = "<bos>", eos_token_ = "<eos>";  // what templates print as bos_token/eos_token
 };
 

@@ -59,9 +59,9 @@ class ChatTemplate {
   std::vector<Named> templates_;
 };
 
-// Generation stops at any of these (generation_config.eos_token_id of the IT checkpoints).
+// The tokens that end a Gemma 4 model turn (generation_config.eos_token_id of the IT checkpoints):
+// generation stops at them (models/gemma4) and parse_gemma4_output ends the turn at them.
 inline constexpr std::array<std::string_view, 3> kGemma4StopTokens = {"<turn|>", "<eos>", "<|tool_response>"};
-inline constexpr std::array<std::string_view, 2> kGemma3StopTokens = {"<end_of_turn>", "<eos>"};
 
 struct ToolCall {
   std::string name;

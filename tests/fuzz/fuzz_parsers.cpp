@@ -13,7 +13,8 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
-#include "formats/gguf_model.h"
+#include "models/architecture.h"
+#include "models/gguf_config.h"
 #include "formats/safetensors.h"
 
 namespace {
@@ -26,8 +27,9 @@ void fuzz_gguf(const uint8_t* data, size_t size) {
     return;
   }
   try {
+    const mb::Architecture& arch = mb::architecture_for_gguf(*f);
     mb::TensorRegistry reg;
-    f->register_tensors(reg, mb::gguf_to_hf_name);
+    f->register_tensors(reg, [&](const std::string& name) { return arch.gguf_to_hf_name(name); });
   } catch (const mb::Error&) {
   }
   try {

@@ -1,5 +1,6 @@
 // Architecture hyper-parameters as data: one struct for every Gemma size, resolved per layer so
-// model code never re-derives "is this layer shared / which head dim / which KV source".
+// model code never re-derives "is this layer shared / which head dim / which KV source". Each
+// architecture (src/models/<name>/) fills it from its config.json or GGUF metadata.
 #pragma once
 #include <string>
 #include <vector>
@@ -29,7 +30,7 @@ struct LayerConfig {
 struct ModelConfig {
   std::string architecture;  // e.g. Gemma4ForConditionalGeneration
   std::string model_type;    // e.g. gemma4_text
-  std::string family;        // "gemma4" or "gemma3": selects the model implementation
+  std::string family;        // the registry name of its architecture (models/architecture.h)
   int hidden_size = 0;
   int n_layers = 0;
   int n_heads = 0;
@@ -59,5 +60,9 @@ struct ModelConfig {
   int max_head_dim() const;
   int first_kv_shared_layer() const { return n_layers - n_kv_shared_layers; }
 };
+
+// Throws naming `source` unless every layer's head dim, KV heads and FFN width are usable and each
+// KV-shared layer has the geometry of the layer whose KV it reads.
+void check_layer_geometry(const ModelConfig& c, const std::string& source);
 
 }  // namespace mb

@@ -1,20 +1,25 @@
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
-#include "formats/gguf_model.h"
-#include "formats/hf_config.h"
+#include "formats/gguf.h"
 #include "formats/safetensors.h"
+#include "models/architecture.h"
+#include "models/gguf_config.h"
+#include "models/hf_config.h"
 
 namespace mb {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-static json read_json_file(const fs::path& p) {
+namespace {
+
+json read_json_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   MB_CHECK(in.good(), "cannot open {}", p.string());
   try {
@@ -24,13 +29,19 @@ static json read_json_file(const fs::path& p) {
   }
 }
 
-static bool is_multimodal_tensor(const std::string& name) {
-  for (const char* p : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                        "model.embed_audio.", "vision_tower.", "audio_tower.", "multi_modal_projector.",
-                        "model.multi_modal_projector."})
-    if (name.rfind(p, 0) == 0) return true;
-  return false;
+// The error for a path that is neither a checkpoint folder nor a GGUF file, saying what it is.
+[[noreturn]] void not_a_model(const fs::path& p) {
+  const std::string name = p.filename().string();
+  if (name == "config.json" || p.extension() == ".safetensors")
+    fail("{}: give the checkpoint folder ({}), not a file inside it", p.string(), p.parent_path().string());
+  fail("{}: not a GGUF file (it does not start with the bytes 'GGUF') and not a checkpoint folder "
+       "(config.json + *.safetensors)",
+       p.string());
 }
+
+}  // namespace
+
+const Architecture& Checkpoint::architecture() const { return architecture_named(config.family); }
 
 std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const CheckpointOptions& opts) {
   auto ck = std::make_unique<Checkpoint>();
@@ -38,11 +49,9 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   fs::path p(path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", path);
   if (!fs::is_directory(p)) {
-    if (p.extension() == ".gguf") {
-      ck->gguf = load_gguf_model(path, ck->config, ck->tensors);
-      return ck;
-    }
-    fail("{}: expected a checkpoint folder (config.json + *.safetensors) or a .gguf file", path);
+    if (!is_gguf_file(path)) not_a_model(p);
+    ck->gguf = load_gguf_model(path, ck->config, ck->tensors);
+    return ck;
   }
   MB_CHECK(fs::exists(p / "config.json"), "{}: no config.json in the checkpoint folder", path);
   json config = read_json_file(p / "config.json");
@@ -50,8 +59,9 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   bool have_gen = fs::exists(p / "generation_config.json");
   if (have_gen) gen = read_json_file(p / "generation_config.json");
   ck->config = parse_hf_config(config, (p / "config.json").string(), have_gen ? &gen : nullptr);
+  const Architecture& arch = ck->architecture();
 
-  auto keep = [&](const std::string& name) { return opts.load_multimodal || !is_multimodal_tensor(name); };
+  auto keep = [&](const std::string& name) { return opts.load_multimodal || !arch.is_multimodal_tensor(name); };
   if (fs::exists(p / "model.safetensors.index.json")) {
     json index = read_json_file(p / "model.safetensors.index.json");
     MB_CHECK(index.contains("weight_map") && index["weight_map"].is_object(),
@@ -84,6 +94,17 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   fail("missing tensor 'embed_tokens.weight' (looked for model.language_model.embed_tokens.weight and "
        "model.embed_tokens.weight) in {}",
        ck->tensors.describe_sources());
+}
+
+const Architecture& model_architecture(const std::string& path) {
+  fs::path p(path);
+  MB_CHECK(fs::exists(p), "model path {} does not exist", path);
+  if (fs::is_directory(p)) {
+    MB_CHECK(fs::exists(p / "config.json"), "{}: no config.json in the checkpoint folder", path);
+    return architecture_for_hf_config(read_json_file(p / "config.json"), (p / "config.json").string());
+  }
+  if (!is_gguf_file(path)) not_a_model(p);
+  return architecture_for_gguf(*GgufFile::open(path));
 }
 
 }  // namespace mb

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/gemma4/gemma4.h"
 #include "models/model.h"
 
 namespace mb {
@@ -50,7 +51,7 @@ class Gemma4Model final : public Model {
     return weight_bytes_ - expert_bytes_ + size_t(double(expert_bytes_) * routed);
   }
 
-  void forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) override;
+  void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) override;
 
  private:
   Tensor weight(const std::string& name, std::vector<int64_t> shape, bool matrix,
@@ -74,7 +75,7 @@ class Gemma4Model final : public Model {
   bool has(const std::string& name) const { return ck_->tensors.contains(cfg_.tensor_prefix + name); }
 
   void load_weights();
-  void attention_block(int l, Tensor& x, const Batch& batch, KVCache& kv);
+  void attention_block(int l, Tensor& x, const Batch& batch, KVMemory& kv);
   void ffn_block(int l, Tensor& x, float scale);
   Tensor per_layer_inputs(const Batch& batch, const Tensor& x0);
 
@@ -195,7 +196,7 @@ Tensor Gemma4Model::per_layer_inputs(const Batch& batch, const Tensor& x0) {
   return out;
 }
 
-void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVCache& kv) {
+void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVMemory& kv) {
   const LayerConfig& L = cfg_.layers[size_t(l)];
   Gemma4Layer& w = layers_[size_t(l)];
   const int64_t n = x.rows(), H = cfg_.hidden_size, nh = cfg_.n_heads, nkv = L.n_kv_heads, hd = L.head_dim;
@@ -289,7 +290,7 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
   be_.add_rms_norm(x, m, &w.post_ffn_norm, eps, add1, scale);
 }
 
-void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& logits) {
+void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) {
   const int64_t n = int64_t(batch.tokens.size()), H = cfg_.hidden_size, V = cfg_.vocab_size;
   MB_CHECK(n > 0 && batch.positions.size() == size_t(n), "forward: empty or inconsistent batch");
   for (const BatchSequence& s : batch.seqs) {
@@ -337,9 +338,13 @@ void Gemma4Model::forward(const Batch& batch, KVCache& kv, std::vector<float>& l
 
 }  // namespace
 
-std::unique_ptr<Model> make_gemma_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
-                                         const ModelLoadOptions& opts) {
+namespace gemma4 {
+
+std::unique_ptr<Model> make_decoder(std::shared_ptr<const Checkpoint> ck, Backend& backend,
+                                    const ModelLoadOptions& opts) {
   return std::make_unique<Gemma4Model>(std::move(ck), backend, opts);
 }
+
+}  // namespace gemma4
 
 }  // namespace mb

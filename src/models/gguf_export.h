@@ -1,11 +1,11 @@
-// Writes a model as GGUF in the layout llama.cpp's converter produces (metadata keys, tensor
-// names, Gemma 3's +1 norm shift, Gemma 4's rope_freqs), re-encoding the weights: what
-// `markbase quantize` and `markbase bench --save` use.
+// Writes a model as GGUF in the layout llama.cpp's converter produces (its architecture's metadata
+// keys, tensor names, value shifts and derived tensors: models/architecture.h), re-encoding the
+// weights: what `markbase quantize` and `markbase bench --save` use.
 #pragma once
 #include <functional>
 #include <string>
 
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 
 namespace mb {
 
@@ -25,7 +25,9 @@ struct ExportProgress {
 };
 
 // `ck` may come from a checkpoint folder (its tokenizer.json / chat template are exported too) or
-// from a GGUF (its metadata is copied). `tokenizer_json`, when given, is the tokenizer.json to
+// from a GGUF (its metadata is copied, its tensors keep their file order). Either way the
+// architecture's derived tensors are written from the config, and every tensor of a GGUF source
+// is accounted for: one that would be dropped is an error. `tokenizer_json`, when given, is the tokenizer.json to
 // export instead of the folder's (a synthetic checkpoint has no folder); it must exist. Tensors
 // kept in their dtype are written straight from the checkpoint's memory, not copied first.
 // Throws mb::Error on anything it cannot represent.

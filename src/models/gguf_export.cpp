@@ -1,4 +1,4 @@
-#include "formats/gguf_export.h"
+#include "models/gguf_export.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -9,29 +9,14 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "formats/gguf.h"
-#include "formats/gguf_model.h"
+#include "models/architecture.h"
+#include "models/gguf_config.h"
 
 namespace mb {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-GgufValue u32(int64_t v) { return GgufValue::make_uint(GgufType::U32, uint64_t(v)); }
-GgufValue f32(double v) { return GgufValue::make_float(GgufType::F32, v); }
-
-GgufValue per_layer(const ModelConfig& c, int LayerConfig::*field) {
-  std::vector<int64_t> v;
-  for (auto& L : c.layers) v.push_back(L.*field);
-  if (std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v[0]; })) return u32(v[0]);
-  return GgufValue::make_int_array(GgufType::I32, v);
-}
-
-const LayerConfig* first_layer(const ModelConfig& c, AttnKind kind) {
-  for (auto& L : c.layers)
-    if (L.kind == kind) return &L;
-  return nullptr;
-}
 
 bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
@@ -45,61 +30,10 @@ int layer_of(const std::string& gguf_name) {
   return std::atoi(gguf_name.c_str() + 4);
 }
 
-void model_metadata(const ModelConfig& c, GgufWriter& w) {
-  const std::string a = c.family;
-  w.set("general.architecture", GgufValue::make_string(a));
-  w.set(a + ".context_length", u32(c.max_position));
-  w.set(a + ".embedding_length", u32(c.hidden_size));
-  w.set(a + ".block_count", u32(c.n_layers));
-  w.set(a + ".feed_forward_length", per_layer(c, &LayerConfig::ffn_dim));
-  w.set(a + ".attention.head_count", u32(c.n_heads));
-  w.set(a + ".attention.head_count_kv", per_layer(c, &LayerConfig::n_kv_heads));
-  w.set(a + ".attention.layer_norm_rms_epsilon", f32(c.rms_eps));
-  if (c.final_logit_softcap > 0) w.set(a + ".final_logit_softcapping", f32(c.final_logit_softcap));
-  w.set(a + ".attention.sliding_window", u32(c.sliding_window));
-  const LayerConfig* full = first_layer(c, AttnKind::Full);
-  const LayerConfig* swa = first_layer(c, AttnKind::Sliding);
-  MB_CHECK(full && swa, "GGUF export needs both sliding and full layers");
-  if (a == "gemma3") {
-    w.set(a + ".attention.key_length", u32(c.layers[0].head_dim));
-    w.set(a + ".attention.value_length", u32(c.layers[0].head_dim));
-    w.set(a + ".rope.freq_base", f32(full->rope.theta));
-    // llama.cpp derives the query scale from head_dim; a checkpoint whose query_pre_attn_scalar
-    // says otherwise keeps its own (a key llama.cpp's gemma3 loader does not read).
-    w.set(a + ".attention.scale", f32(c.attn_scale));
-    if (full->rope.linear_factor != 1.f) {
-      w.set(a + ".rope.scaling.type", GgufValue::make_string("linear"));
-      w.set(a + ".rope.scaling.factor", f32(full->rope.linear_factor));
-    }
-  } else {
-    w.set(a + ".attention.key_length", u32(full->head_dim));
-    w.set(a + ".attention.value_length", u32(full->head_dim));
-    w.set(a + ".attention.key_length_swa", u32(swa->head_dim));
-    w.set(a + ".attention.value_length_swa", u32(swa->head_dim));
-    std::vector<bool> pattern;
-    for (auto& L : c.layers) pattern.push_back(L.kind == AttnKind::Sliding);
-    w.set(a + ".attention.sliding_window_pattern", GgufValue::make_bool_array(pattern));
-    w.set(a + ".attention.shared_kv_layers", u32(c.n_kv_shared_layers));
-    w.set(a + ".embedding_length_per_layer_input", u32(c.ple_dim));
-    w.set(a + ".rope.freq_base", f32(full->rope.theta));
-    w.set(a + ".rope.freq_base_swa", f32(swa->rope.theta));
-    w.set(a + ".rope.dimension_count", u32(full->head_dim));
-    w.set(a + ".rope.dimension_count_swa", u32(swa->head_dim));
-    if (c.moe) {
-      w.set(a + ".expert_count", u32(c.n_experts));
-      w.set(a + ".expert_used_count", u32(c.top_k_experts));
-      w.set(a + ".expert_feed_forward_length", u32(c.moe_ffn_dim));
-    }
-  }
-  w.set("tokenizer.ggml.bos_token_id", u32(c.bos_id));
-  w.set("tokenizer.ggml.eos_token_id", u32(c.eos_id));
-  w.set("tokenizer.ggml.padding_token_id", u32(c.pad_id));
-}
-
 // tokenizer.json (BPE + merges) -> tokenizer.ggml.*: ids, "a b" merges, and token types
 // (special added tokens are Control, other added tokens UserDefined, <0xXX> Byte, the rest Normal).
 // Returns the number of tokens.
-size_t tokenizer_metadata(const fs::path& p, const ModelConfig& c, GgufWriter& w) {
+size_t tokenizer_metadata(const fs::path& p, const Architecture& arch, GgufWriter& w) {
   std::ifstream in(p);
   MB_CHECK(in.good(), "cannot read {}", p.string());
   nlohmann::json j = nlohmann::json::parse(in);
@@ -123,8 +57,7 @@ size_t tokenizer_metadata(const fs::path& p, const ModelConfig& c, GgufWriter& w
   if (auto it = j.at("model").find("merges"); it != j.at("model").end())
     for (auto& m : *it)
       merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
-  // A BPE vocabulary with merges: llama.cpp calls Gemma 4's "gemma4"; ours reads either.
-  w.set("tokenizer.ggml.model", GgufValue::make_string(c.family == "gemma4" ? "gemma4" : "gpt2"));
+  w.set("tokenizer.ggml.model", GgufValue::make_string(std::string(arch.gguf_tokenizer_model())));
   w.set("tokenizer.ggml.tokens", GgufValue::make_string_array(std::move(tokens)));
   w.set("tokenizer.ggml.token_type", GgufValue::make_int_array(GgufType::I32, types));
   w.set("tokenizer.ggml.merges", GgufValue::make_string_array(std::move(merges)));
@@ -187,45 +120,44 @@ DType gguf_tensor_type(QuantType q, const std::string& name, const std::vector<i
 void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
                  const std::function<void(const ExportProgress&)>& progress, const std::string& tokenizer_json) {
   const ModelConfig& c = ck.config;
+  const Architecture& arch = ck.architecture();
   GgufWriter w;
   // (GGUF name, registry entry) of every text-decoder tensor.
   std::vector<std::pair<std::string, const TensorEntry*>> todo;
   if (ck.gguf) {
     for (auto& [k, v] : ck.gguf->metadata())
       if (k != "general.alignment" && k != "general.file_type") w.set(k, v);
-    for (auto& [name, e] : ck.tensors.entries()) {
-      const std::string g = hf_to_gguf_name(name);
-      MB_CHECK(!g.empty(), "no GGUF name for tensor '{}'", name);
-      todo.push_back({g, &e});
+    for (const GgufTensorInfo& t : ck.gguf->tensors()) {
+      const std::string hf = arch.gguf_to_hf_name(t.name);
+      if (hf.empty()) continue;  // derived from the config: written below
+      const TensorEntry* e = ck.tensors.find(hf);
+      MB_CHECK(e != nullptr, "{}: tensor '{}' (registered as '{}') is missing from the loaded model", ck.path, t.name,
+               hf);
+      todo.push_back({t.name, e});
     }
   } else {
-    MB_CHECK(c.family == "gemma3" || c.family == "gemma4", "GGUF export supports gemma3 and gemma4, not {}", c.family);
-    model_metadata(c, w);
+    arch.write_gguf_metadata(c, w);
+    write_gguf_special_tokens(c, w);
     if (!tokenizer_json.empty()) {
       MB_CHECK(fs::is_regular_file(tokenizer_json), "tokenizer file {} does not exist", tokenizer_json);
       // llama.cpp sizes the vocabulary by the token list and requires token_embd to match.
-      const size_t n_tokens = tokenizer_metadata(tokenizer_json, c, w);
+      const size_t n_tokens = tokenizer_metadata(tokenizer_json, arch, w);
       MB_CHECK(int64_t(n_tokens) == c.vocab_size, "{} has {} tokens but the model's vocabulary is {}", tokenizer_json,
                n_tokens, c.vocab_size);
     } else if (fs::exists(fs::path(ck.path) / "tokenizer.json")) {
-      tokenizer_metadata(fs::path(ck.path) / "tokenizer.json", c, w);
+      tokenizer_metadata(fs::path(ck.path) / "tokenizer.json", arch, w);
     }
     chat_template_metadata(ck.path, w);
     for (auto& [name, e] : ck.tensors.entries()) {
       // Vision/audio parts belong in llama.cpp's separate mmproj file.
       if (name.rfind(c.tensor_prefix, 0) != 0 && name != "lm_head.weight") continue;
       const std::string hf = name == "lm_head.weight" ? name : "model." + name.substr(c.tensor_prefix.size());
-      const std::string g = hf_to_gguf_name(hf);
+      const std::string g = arch.hf_to_gguf_name(hf);
       MB_CHECK(!g.empty(), "no GGUF name for tensor '{}'", name);
       todo.push_back({g, &e});
     }
-    if (c.family == "gemma4") {
-      const LayerConfig* full = first_layer(c, AttnKind::Full);
-      std::vector<float> freqs(size_t(full->head_dim / 2), 1e30f);
-      std::fill(freqs.begin(), freqs.begin() + int(float(full->head_dim) * full->rope.partial_rotary_factor / 2), 1.f);
-      w.add_tensor("rope_freqs.weight", DType::F32, {int64_t(freqs.size())}, freqs.data());
-    }
   }
+  arch.add_gguf_derived_tensors(c, w);
   std::map<DType, size_t> bytes_by_dtype;
   ExportProgress prog;
   prog.total = todo.size();
@@ -236,7 +168,7 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
     const int64_t rows = cols ? int64_t(e->nbytes / dtype_row_bytes(e->dtype, cols)) : 0;
     DType out = gguf_tensor_type(q, g, e->shape, c.n_layers, e->dtype);
     bytes_by_dtype[out] += dtype_row_bytes(out, cols) * size_t(rows);
-    const bool shift = !ck.gguf && c.family == "gemma3" && ends_with(g, "norm.weight");  // GGUF stores 1 + w
+    const bool shift = !ck.gguf && arch.gguf_adds_one(g);  // the GGUF stores 1 + w
     if (out == e->dtype && !shift) {  // unchanged: written from the checkpoint's bytes, which outlive `w`
       MB_CHECK(e->nbytes == dtype_row_bytes(out, cols) * size_t(rows), "tensor '{}': {} bytes do not fit its shape",
                e->name, e->nbytes);
@@ -288,7 +220,7 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
                 : most == DType::Q5_K ? 16 : most == DType::Q6_K ? 18 : 0;
     }
   }
-  w.set("general.file_type", u32(file_type));
+  w.set("general.file_type", gguf_u32(file_type));
   w.write(out_path);
   prog.tensor.clear();
   if (progress) progress(prog);

@@ -1,4 +1,4 @@
-#include "models/synthetic.h"
+#include "models/gemma4/synthetic.h"
 
 #include <cmath>
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include "core/quant.h"
 #include "core/splitmix64.h"
 #include "core/thread_pool.h"
-#include "formats/hf_config.h"
+#include "models/hf_config.h"
 
 namespace mb {
 

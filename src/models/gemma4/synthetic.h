@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "formats/checkpoint.h"
+#include <nlohmann/json.hpp>
+
+#include "models/checkpoint.h"
 
 namespace mb {
 
