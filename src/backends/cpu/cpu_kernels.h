@@ -33,8 +33,8 @@ bool amx_bf16_matmul_active();
 // Not for use while kernels run on other threads.
 bool set_amx_bf16_matmul(bool on);
 // Where the AVX-512 table leaves its GEMV (decode, batches of up to 8) for its GEMM. AMX replaces
-// that GEMM (2.7-4x faster from 9 to 16 tokens, ~3x at 512); the GEMV stays, so decode keeps the
-// fma chain's bits (AMX measured 1.1-1.6x faster at 2-8 tokens, 1.06x at 1: memory-bound).
+// that GEMM, several times faster from here on; the GEMV stays, so decode keeps the fma chain's
+// bits (below this, where the matmul is memory-bound, AMX measured only a little faster).
 constexpr int64_t kAmxMinTokens = 9;
 
 // 64-byte aligned memory that grows on demand and is kept, for kernels' per-thread scratch (a
@@ -81,11 +81,11 @@ float sum_f32(const float* x, int64_t n);
 // Read-bandwidth probe over x[0, n), all threads of the global pool, each reading its share:
 // seconds of one pass of a plain sum (prefetch false) or of a sum that also prefetches 2 KB
 // ahead, as the matmul kernels do; read_bandwidth: bytes/s of the best of `passes` passes of
-// each loop. Either loop alone can read less than decode streams (the plain sum on a 16-core
-// Xeon: 97-102 GB/s in minutes when Q8_0 decode streamed 108, the prefetching one 113-120).
-// On a machine shared with others the best pass catches moments the neighbours leave the memory
-// alone (a 16-core Xeon: passes of 98 to 161 GB/s within a minute), so the median of all the
-// passes comes with it.
+// each loop. Either loop alone can read less than decode streams (on many cores the plain sum
+// was measured below what Q8_0 decode streamed, the prefetching one above it), so the best of
+// both is the floor. On a machine shared with others the best pass catches moments the
+// neighbours leave the memory alone, so the median of all the passes, a sustained rate, comes
+// with it.
 struct ReadBandwidth {
   double best = 0, median = 0;  // bytes/s
 };
