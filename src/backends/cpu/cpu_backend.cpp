@@ -584,7 +584,7 @@ class CpuBackend final : public Backend {
       for (int64_t r = b; r < e; ++r) {
         const uint8_t* wr = wbase + size_t(r) * row_bytes;
         if (n <= 2) {
-          for (int64_t t = 0; t < n; ++t) yp[t * m + r] = vec_dot(w.dtype, wr, xp + t * k, k);
+          for (int64_t t = 0; t < n; ++t) yp[t * m + r] = cpu::vec_dot(w.dtype, wr, xp + t * k, k);
           continue;
         }
         dequantize_row(w.dtype, wr, row.data(), k);
@@ -645,6 +645,9 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  cpu::kernels();  // a MARKBASE_CPU_ISA it cannot honour fails here, not at the first op
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace mb
