@@ -230,7 +230,7 @@ void QMatmul(benchmark::State& state, DType dt, int64_t n, int64_t m, int64_t k,
 // One decode token through E2B's gated FFN (gate and up 12288x1536, down 1536x12288) as the CPU
 // backend's fused op, or as its ops one after the other (the Backend default: the activation
 // in floats, quantized again on the caller). Packed copies of one set of matrices rotate through
-// kRotateBytes, as QMatmul's do (256 MB was cache, not memory, on a host with a 300 MB L3).
+// kRotateBytes, as QMatmul's do (a few hundred MB can sit in a server's L3: cache, not memory).
 void GatedFfn(benchmark::State& state, DType dt, bool fused) {
   const int64_t H = 1536, F = 12288;
   static std::unique_ptr<mb::Backend> be = mb::make_cpu_backend();

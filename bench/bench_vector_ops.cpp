@@ -6,6 +6,8 @@
 //   ./build/bench/markbase_bench --benchmark_filter=VectorOps --benchmark_repetitions=3
 #include <benchmark/benchmark.h>
 
+#include "backends/cpu/cpu_kernels.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -44,7 +46,7 @@ MB_VECTOR_OP_LOOP(madd_loop, _mm256_madd_epi16)
 MB_VECTOR_OP_LOOP(add16_loop, _mm256_add_epi16)
 
 void VectorOps(benchmark::State& state, int (*loop)(int64_t)) {
-  if (!__builtin_cpu_supports("avx2")) {
+  if (!mb::cpu::kernels_for(mb::cpu::Isa::Avx2)) {  // the library's one CPU check (the OS's state too)
     state.SkipWithError("no AVX2 on this CPU");
     return;
   }

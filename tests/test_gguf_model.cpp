@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "models/architecture.h"
@@ -311,7 +312,7 @@ TEST_F(GgufRealModel, ParsesEveryTensorAndKey) {
     for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
       const uint8_t* p = t->data + size_t(r) * dtype_row_bytes(t->dtype, cols);
       const float ref = vec_dot_ref(t->dtype, p, x.data(), cols);
-      EXPECT_NEAR(vec_dot(t->dtype, p, x.data(), cols), ref, 1e-4 * std::max(1.f, std::fabs(ref)));
+      EXPECT_NEAR(cpu::vec_dot(t->dtype, p, x.data(), cols), ref, 1e-4 * std::max(1.f, std::fabs(ref)));
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/tensor.h"
@@ -148,7 +149,7 @@ TEST_P(QuantType, VecDotMatchesScalarTwin) {
       dequantize_row(t, q.data(), wd.data(), n);
       double mag = 0;
       for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(wd[size_t(i)]) * x[size_t(i)]);
-      const float ref = vec_dot_ref(t, q.data(), x.data(), n), fast = vec_dot(t, q.data(), x.data(), n);
+      const float ref = vec_dot_ref(t, q.data(), x.data(), n), fast = cpu::vec_dot(t, q.data(), x.data(), n);
       EXPECT_NEAR(fast, ref, 2e-6 * mag + 1e-30) << "n " << n << " seed " << seed;
     }
   }
@@ -164,7 +165,7 @@ TEST(Quant, VecDotPlainTypes) {
       quantize_row(t, w.data(), row.data(), n);
       double mag = 0;
       for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(w[size_t(i)]) * x[size_t(i)]);
-      EXPECT_NEAR(vec_dot(t, row.data(), x.data(), n), vec_dot_ref(t, row.data(), x.data(), n), 2e-6 * mag)
+      EXPECT_NEAR(cpu::vec_dot(t, row.data(), x.data(), n), vec_dot_ref(t, row.data(), x.data(), n), 2e-6 * mag)
           << dtype_name(t) << " n " << n;
     }
   }

@@ -6,8 +6,8 @@
 #   tools/cpu_targets.sh [ROUNDS=3]
 # Env: MARKBASE, LLAMA_BENCH (as tools/bench_vs_llama.sh), THREADS (default: every CPU this
 # process may use, capped by a cgroup CPU quota), SYNTH_DIR (default /tmp/synth), FLOOR_ROUNDS
-# (default 10: on xeon-16c, sets of 5 rounds gave q4_0 floor shares against the probe's best pass
-# of 0.63-0.89 where every set of 10-20 gave 0.86-0.88; docs/benchmarks.md, ninth pass).
+# (default 10: on a shared host sets of 5 rounds spread much wider than sets of 10 or more, whose
+# medians agreed; measured: see docs/benchmarks.md).
 set -euo pipefail
 rounds=${1:-3}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,8 +21,8 @@ fi
 export THREADS=$threads MARKBASE=$mb
 dir=${SYNTH_DIR:-/tmp/synth}
 mkdir -p "$dir"
-# The model name alone can hide a different CPU ("AMD EPYC" was both a Zen 3 and a Zen 5 VM):
-# the family/model numbers and the ISA flags tell them apart.
+# The model name alone can hide a different CPU (cloud VMs report "AMD EPYC" for several
+# generations): the family/model numbers and the ISA flags tell them apart.
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p')), $(nproc) CPUs, $threads threads"
 grep -o -w -E 'avx2|avx512f|avx512_vnni|amx_int8' /proc/cpuinfo | sort | uniq -c || true
 for t in q4_0 q8_0; do

@@ -5,9 +5,9 @@
 # neighbours on shared machines, so only a probe taken around each run is a fair floor.
 # The floor's bandwidth is the median of the probe's passes (issue 5's target: share >= 0.85).
 # A decode run averages over its seconds of streaming, so the probe's figure must average too:
-# its best pass is a burst of 50-70 ms (one pass over the buffer) that a host's other tenants
-# allow now and then (on one xeon-16c host the best passes of 20 probes ranged 97-157 GB/s while
-# decode streamed 88-106; docs/benchmarks.md, tenth pass). The share against the best pass is
+# its best pass is a burst as long as one pass over the buffer, which a host's other tenants
+# allow now and then: on shared hosts the best passes of successive probes swing far more than
+# decode's rate does (measured: see docs/benchmarks.md). The share against the best pass is
 # printed second, as the bound a quiet machine would set. The probe's buffer is bench's default,
 # at least 20x the L2+L3 caches (MEMBW_MB sets another size in MiB).
 #   tools/floor.sh FILE.gguf [ROUNDS=5] [TG=128]

@@ -50,11 +50,10 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n);
 // The inverse, bit-identical to ggml's dequantize_row_* and gguf-py's dequantize.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// Σ w[i]·x[i] for a row w of dtype t (a block type, F32, F16 or BF16): the inner loop of a matmul
-// with weights left in their file format. vec_dot is the fast path (AVX2); vec_dot_ref dequantizes
-// block by block and sums in double, and is what the fast path is tested against. The two differ
-// only by float summation order.
-float vec_dot(DType t, const void* row, const float* x, int64_t n);
+// Σ w[i]·x[i] for a row w of dtype t (a block type, F32, F16 or BF16), the reference for the inner
+// loop of a matmul with weights left in their file format: dequantizes block by block and sums in
+// double. The CPU backend's kernels for it (cpu::vec_dot) are tested against it; they differ only
+// by float summation order.
 float vec_dot_ref(DType t, const void* row, const float* x, int64_t n);
 
 }  // namespace mb

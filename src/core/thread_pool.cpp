@@ -271,8 +271,9 @@ const ThreadPool::Ahead* ThreadPool::ahead_after(const void* key, const Ahead& s
   return it == t.next.end() ? nullptr : &it->second;
 }
 
-// xeon-16c, E2B q4_0 decode: +6-14% at 64-192 KB, 128 KB among the best (docs/benchmarks.md,
-// seventh pass).
+// The default budget covers the start of a worker's next share of the large matrices; decode
+// runs with budgets from half of it up all beat no fetching, and larger ones gained nothing
+// (measured: see docs/benchmarks.md).
 size_t ThreadPool::ahead_budget() {
   static const size_t kb = [] {
     const char* e = std::getenv("MARKBASE_AHEAD_KB");

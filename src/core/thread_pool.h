@@ -121,7 +121,8 @@ class ThreadPool {
   std::mutex submit_;  // one region at a time; a second caller runs inline
   // Everything a worker reads to join and run a region, on one cache line the caller writes
   // once per region: each line the caller writes and every worker then reads costs each of them
-  // a transfer from the caller's core, and on a 16-core Xeon those were most of a region's cost.
+  // a transfer from the caller's core, and on many cores those transfers were most of a region's
+  // cost.
   // The fields after `tag` are written before the region opens and read by workers only after
   // they joined it (so they cannot change under them), except `shares`, read before joining.
   struct alignas(64) Control {
@@ -145,7 +146,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   // Per thread (index 0 the caller's): the worker's handshake with the caller, and its share's
   // chunk counter, each on its own line. Joining and leaving write only the worker's line, so
-  // 15 workers do not queue on one shared counter twice a region (the caller reads their lines).
+  // the workers do not queue on one shared counter twice a region (the caller reads their lines).
   // A share's chunks are contiguous; its owner takes them first without contention, and a
   // thread done with its own helps with the others' (a thread that is late or slow is covered).
   // The counter holds the region's seq in its high bits and the next chunk in the low

@@ -9,8 +9,8 @@
 #   DIR/build/bin/llama-{bench,completion,simple,perplexity,quantize,gguf}
 # CPU only, Release, GGML_NATIVE=ON (this machine's ISA), OpenMP on.
 # AMX is compiled out (-mno-amx-*; the AVX-512/VNNI kernels and the Q4_K 8x8 repack stay): with
-# g++ 12 the AMX matmul of llama.cpp 0c1e57098 dies with SIGSEGV at its first ldtilecfg on dev-2c
-# (upstream issue ggml-org/llama.cpp#20824, fix proposed in PR #26954). PEER_AMX=1 keeps it.
+# g++ 12 the AMX matmul of llama.cpp 0c1e57098 dies with SIGSEGV at its first ldtilecfg on an AMX
+# Xeon (upstream issue ggml-org/llama.cpp#20824, fix proposed in PR #26954). PEER_AMX=1 keeps it.
 # Env: LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the sdist (default: newest); JOBS (default: nproc);
 # PEER_MARCH=sapphirerapids builds for that CPU instead of this one (GGML_NATIVE=OFF, -march=...),
 # e.g. on the AVX2 dev machine for the device host's AVX-512 Xeon (the binary is then carried there).

@@ -54,9 +54,9 @@ void norm_row(const float* x, int64_t d, const float* w, float eps, bool add_one
 }
 
 // Rows per chunk for a row-wise op (norms, RoPE) over n rows, `grain` when there are many: a
-// decode batch of up to one row per thread gets a chunk per row. Its rows take 1-3 us each
-// (norm + RoPE of 8 heads, a norm of 1536), so two chunks of four (the grain of many rows) made
-// every norm of a batch-8 step wait on four rows in turn: 2.5 of its 27 ms on a 16-core Xeon.
+// decode batch of up to one row per thread gets a chunk per row. Its rows take microseconds each
+// (norm + RoPE of 8 heads, a norm of 1536), so chunks of several rows (the grain of many rows)
+// make every norm of a batch step wait on those rows in turn while other cores idle.
 int64_t row_grain(int64_t n, int64_t grain) { return n <= ThreadPool::global().size() ? 1 : grain; }
 
 // cos/sin of the angles of n positions ([n, half] each), and rotation of head vectors by one
@@ -107,8 +107,8 @@ struct RopeTable {
 
 // The last few RopeTables, for the next call with the same positions and frequencies: every
 // layer of a step rotates q and k at the step's positions with one of the model's few frequency
-// sets (two on Gemma 4), and std::cos/sin were most of a decode step's rope time (100 rotations
-// a step on E2B: 4.8 us each on a Xeon, 22 us at batch 8). Same functions of the same f32
+// sets (two on Gemma 4), and std::cos/sin were most of a decode step's rope time (a step
+// rotates once per layer, with the same angles each time). Same functions of the same f32
 // angles, so the same bits as computing them per call.
 class RopeTables {
  public:
@@ -322,11 +322,11 @@ class CpuBackend final : public Backend {
       // (the kernel maps neighbouring cached pages on a fault). Dropping the table's pages again
       // keeps its resident share near the rows being read, not every row ever read (E2B's
       // per-layer table is 2.3B parameters). One release over the whole table per ~2 MB of rows,
-      // or per 1/128 of the table if that is more: a release per row cost ~300 us on a 2-vCPU VM
-      // (each is a TLB shootdown across the process's threads), 3% of a prefill, and a release
-      // over E2B's 1.3 GB q4_0 table ~18 ms there (2% of every decode step when it came every
-      // 16 steps). 1/128 of the tables is at most ~1% more resident memory than the weights
-      // streamed. Memory that is not a file mapping is left alone.
+      // or per 1/128 of the table if that is more: each release is a TLB shootdown across the
+      // process's threads, costly on a VM, so a release per row slowed prefill and a release over
+      // a whole large table (E2B's) every few steps slowed decode (measured: docs/benchmarks.md).
+      // 1/128 of the tables is at most ~1% more resident memory than the weights streamed.
+      // Memory that is not a file mapping is left alone.
       touched += std::max<size_t>(row_bytes, kLookupWindow);
       if (touched >= std::max(kLookupBudget, table.nbytes() / 128)) {
         release_mapped_pages(table.data, table.nbytes());
@@ -584,7 +584,7 @@ class CpuBackend final : public Backend {
       for (int64_t r = b; r < e; ++r) {
         const uint8_t* wr = wbase + size_t(r) * row_bytes;
         if (n <= 2) {
-          for (int64_t t = 0; t < n; ++t) yp[t * m + r] = vec_dot(w.dtype, wr, xp + t * k, k);
+          for (int64_t t = 0; t < n; ++t) yp[t * m + r] = cpu::vec_dot(w.dtype, wr, xp + t * k, k);
           continue;
         }
         dequantize_row(w.dtype, wr, row.data(), k);
@@ -622,8 +622,8 @@ class CpuBackend final : public Backend {
     return dst;
   }
 
-  // A batch's logits are MBs (262k floats a row): one thread's memcpy was 4% of a batch-8 decode
-  // step on 16 cores.
+  // A batch's logits are MBs (262k floats a row): one thread's memcpy was a visible share of a
+  // batch decode step on many cores.
   void to_host(const Tensor& src, void* dst) override {
     const size_t bytes = src.nbytes();
     constexpr int64_t kChunk = 256 * 1024;
@@ -645,6 +645,9 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  cpu::kernels();  // a MARKBASE_CPU_ISA it cannot honour fails here, not at the first op
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace mb

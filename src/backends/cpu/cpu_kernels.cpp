@@ -10,7 +10,6 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -202,27 +201,10 @@ Isa best_available() {
   return Isa::Scalar;
 }
 
-const KernelTable* initial_table() {
-  Isa isa = best_available();
-  if (const char* env = std::getenv("MARKBASE_CPU_ISA"); env && *env) {
-    std::string s(env);
-    for (auto& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    Isa want = isa;
-    if (s == "scalar") want = Isa::Scalar;
-    else if (s == "avx2") want = Isa::Avx2;
-    else if (s == "avx512") want = Isa::Avx512;
-    else std::fprintf(stderr, "markbase: MARKBASE_CPU_ISA=%s is not one of scalar, avx2, avx512; using %s\n", env, isa_name(isa));
-    if (want != isa) {
-      if (int(want) > int(isa))
-        std::fprintf(stderr, "markbase: this CPU cannot run MARKBASE_CPU_ISA=%s; using %s\n", env, isa_name(isa));
-      else isa = want;
-    }
-  }
-  return available(isa);
-}
-
+// Throws (isa_from_env) while MARKBASE_CPU_ISA holds a value it cannot honour; a static local whose
+// initialiser throws is tried again at the next call, so every call reports the same error.
 std::atomic<const KernelTable*>& active_slot() {
-  static std::atomic<const KernelTable*> slot{initial_table()};
+  static std::atomic<const KernelTable*> slot{available(isa_from_env(std::getenv("MARKBASE_CPU_ISA")))};
   return slot;
 }
 
@@ -235,6 +217,26 @@ const KernelTable* table_scalar() { return &kScalar; }
 const KernelTable& kernels() { return *active_slot().load(std::memory_order_relaxed); }
 const KernelTable* kernels_for(Isa isa) { return available(isa); }
 Isa best_isa() { return best_available(); }
+
+// A value that cannot be honoured is an error, not a warning and a fallback: a run on other
+// kernels than the ones asked for would be measured or debugged under the wrong name, and an
+// mb::Error reaches the user through the caller's error path (the CLI prints it, exit 1) without
+// the library printing anything.
+Isa isa_from_env(const char* value) {
+  if (!value || !*value) return best_available();
+  std::string s(value);
+  for (auto& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  Isa want;
+  if (s == "scalar") want = Isa::Scalar;
+  else if (s == "avx2") want = Isa::Avx2;
+  else if (s == "avx512") want = Isa::Avx512;
+  else fail("MARKBASE_CPU_ISA={} is not one of scalar, avx2, avx512 (unset: the best this CPU runs, {})", value,
+            isa_name(best_available()));
+  MB_CHECK(available(want) != nullptr,
+           "MARKBASE_CPU_ISA={}: this CPU or build cannot run the {} kernels (the best it runs: {})", value,
+           isa_name(want), isa_name(best_available()));
+  return want;
+}
 
 Isa set_isa(Isa isa) {
   const KernelTable* t = available(isa);
@@ -552,8 +554,8 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   const KernelTable& K = kernels();
-  // ~1 ns an element: a decode step's 12288-wide FFN is worth splitting on many cores (the
-  // kernel's tail takes the same vector path, so the split does not change a bit).
+  // An exp and a few fmas an element: a decode step's 12288-wide FFN is worth splitting on many
+  // cores (the kernel's tail takes the same vector path, so the split does not change a bit).
   ThreadPool::global().parallel_for(n, 1 << 12, [&](int64_t b, int64_t e) {
     K.gelu_tanh_mul(g + b, u + b, out + b, e - b);
   });
@@ -568,14 +570,15 @@ double read_pass_seconds(const float* x, int64_t n, bool prefetch) {
   ThreadPool& pool = ThreadPool::global();
   std::vector<float> sinks(size_t(pool.size()) * 16);  // a cache line apart
   constexpr int64_t kPiece = 1024, kAhead = 512;        // floats: 4 KB a call, 2 KB ahead
+  const KernelTable& K = kernels();  // on the caller: its error, if any, is the caller's
   const auto t0 = std::chrono::steady_clock::now();
   pool.run_on_all([&](int t, int nt) {
     const int64_t per = (n / nt + 15) / 16 * 16, b = std::min(n, per * t), e = std::min(n, b + per);
     float acc = 0.f;
-    if (!prefetch) acc = sum_f32(x + b, e - b);
+    if (!prefetch) acc = K.sum(x + b, e - b);
     for (int64_t i = b; prefetch && i < e; i += kPiece) {
       for (int64_t j = 0; j < kPiece; j += 16) __builtin_prefetch(x + std::min(e - 1, i + kAhead + j));
-      acc += sum_f32(x + i, std::min(kPiece, e - i));
+      acc += K.sum(x + i, std::min(kPiece, e - i));
     }
     sinks[size_t(t) * 16] = acc;
   });

@@ -1,8 +1,8 @@
 // Inner loops of the CPU backend, kept apart from the op plumbing. Kernels come in per-ISA tables
 // (cpu_isa.h): a plain scalar one that runs on any x86-64 CPU and is the twin the SIMD ones are
 // tested against, an AVX2 one and an AVX-512 one. The best table the CPU supports is picked at
-// the first call; MARKBASE_CPU_ISA=scalar|avx2|avx512 forces one (a path the CPU lacks falls back
-// to the best it has, with a warning).
+// the first call; MARKBASE_CPU_ISA=scalar|avx2|avx512 forces one (isa_from_env says what else it
+// may hold). Everything the CPU backend runs follows the active table, vec_dot included.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +19,9 @@ const KernelTable* kernels_for(Isa isa);
 // kernels_for(isa) is null. Not for use while kernels run on other threads.
 Isa set_isa(Isa isa);
 Isa best_isa();
+// The path MARKBASE_CPU_ISA=value asks for: best_isa() for null or empty, else the named one
+// (case-insensitive). Throws mb::Error for any other name and for a path kernels_for() lacks.
+Isa isa_from_env(const char* value);
 const char* isa_name(Isa isa);
 bool cpu_has_avx512_vnni();
 // Whether AMX tiles (INT8 / BF16) can run: the CPU has them, the OS enables their state and granted
@@ -33,8 +36,8 @@ bool amx_bf16_matmul_active();
 // Not for use while kernels run on other threads.
 bool set_amx_bf16_matmul(bool on);
 // Where the AVX-512 table leaves its GEMV (decode, batches of up to 8) for its GEMM. AMX replaces
-// that GEMM (2.7-4x faster from 9 to 16 tokens, ~3x at 512); the GEMV stays, so decode keeps the
-// fma chain's bits (AMX measured 1.1-1.6x faster at 2-8 tokens, 1.06x at 1: memory-bound).
+// that GEMM, several times faster from here on; the GEMV stays, so decode keeps the fma chain's
+// bits (below this, where the matmul is memory-bound, AMX measured only a little faster).
 constexpr int64_t kAmxMinTokens = 9;
 
 // 64-byte aligned memory that grows on demand and is kept, for kernels' per-thread scratch (a
@@ -72,6 +75,11 @@ void softcap(float* x, int64_t n, float cap);
 
 // Single calls into the active table.
 float dot_f32(const float* a, const float* b, int64_t n);
+// Σ w[i]·x[i] for one row w of dtype t (a block type, F32, F16 or BF16) left in its file format:
+// the fused dequantize-dot of the f32-activation path (quant_dot.cpp). The scalar table runs
+// vec_dot_ref (core/quant.h); the AVX2 and AVX-512 tables run an AVX2 kernel whose products are
+// the same, summed in f32 in another order.
+float vec_dot(DType t, const void* row, const float* x, int64_t n);
 // Converts n weights of `dtype` (F32, BF16, F16) to f32.
 void to_f32(DType dtype, const void* src, float* dst, int64_t n);
 // y += a * x
@@ -81,11 +89,11 @@ float sum_f32(const float* x, int64_t n);
 // Read-bandwidth probe over x[0, n), all threads of the global pool, each reading its share:
 // seconds of one pass of a plain sum (prefetch false) or of a sum that also prefetches 2 KB
 // ahead, as the matmul kernels do; read_bandwidth: bytes/s of the best of `passes` passes of
-// each loop. Either loop alone can read less than decode streams (the plain sum on a 16-core
-// Xeon: 97-102 GB/s in minutes when Q8_0 decode streamed 108, the prefetching one 113-120).
-// On a machine shared with others the best pass catches moments the neighbours leave the memory
-// alone (a 16-core Xeon: passes of 98 to 161 GB/s within a minute), so the median of all the
-// passes comes with it.
+// each loop. Either loop alone can read less than decode streams (on many cores the plain sum
+// was measured below what Q8_0 decode streamed, the prefetching one above it), so the best of
+// both is the floor. On a machine shared with others the best pass catches moments the
+// neighbours leave the memory alone, so the median of all the passes, a sustained rate, comes
+// with it.
 struct ReadBandwidth {
   double best = 0, median = 0;  // bytes/s
 };

@@ -11,7 +11,7 @@
 // with x ≈ hi + lo the per-term error is up to 2^-16 |x·w|, and the bf16 fixtures' logits moved by
 // up to 7e-4 against exact math (limit 1e-4); with three the split is exact (three 8-bit
 // significands hold f32's 24 bits) and they stay within 2e-5, as with the f32 path. With three
-// times the tile products a matmul still runs 2-3x faster than the f32 GEMM.
+// times the tile products a matmul still runs several times faster than the f32 GEMM.
 //
 // Roles: the weights are the A operand, 16 rows x 32 k, read from their rows in memory where they
 // lie (the mapped file: nothing is repacked at load, decode keeps reading them as before) and kept

@@ -329,7 +329,8 @@ namespace {
 
 // Groups per task for `groups` row groups holding `bytes` of weights in all, n tokens: chunks of
 // at least ~64 KB of weights x tokens, but never fewer chunks than threads while there are
-// groups (64 KB alone left 12 of 16 cores idle on the 221 KB per-layer-embedding gate).
+// groups (64 KB alone would cut a small matrix, such as the per-layer-embedding gate, into fewer
+// chunks than a many-core machine has threads, leaving most of them idle).
 int64_t group_grain(int64_t bytes, int64_t groups, int64_t n) {
   const int64_t work = bytes / std::max<int64_t>(1, groups) * std::min<int64_t>(n, 16);
   const int64_t threads = ThreadPool::global().size();

@@ -79,12 +79,12 @@ template <DType T> void widen_groups(const QPacked& w, int64_t g0, int64_t g1, u
 // an FP pipe like the arithmetic does, and loads into vector registers issue two a cycle; the
 // one-half tile spent most of both on broadcasts. Their 8 quads are then summed in i16 before
 // widening (no i32 partials to hold: the two halves' partials no longer fit the 16 registers).
-// llvm-mca (znver3) schedules Q4_0's 4-token tile at 1.14 cycles per VPMADDUBSW against 1.30
-// for one half at a time; the other types stay faster one half at a time.
+// llvm-mca (znver3) schedules Q4_0's 4-token tile in fewer cycles per VPMADDUBSW this way than
+// one half at a time; the other types stay faster one half at a time.
 template <DType T> constexpr bool kBothHalves = T == DType::Q4_0 || T == DType::Q4_K;
 // Quads whose i16 products are summed before widening (at most what fits, see the file comment;
-// one half or one token at a time, 4 of the 8 a 4-bit block allows measured 1.15x faster than 8:
-// a shorter chain of dependent adds), and quads per scale (Q6_K's scales change every 16 k).
+// one half or one token at a time, 4 of the 8 a 4-bit block allows measured faster than 8: a
+// shorter chain of dependent adds), and quads per scale (Q6_K's scales change every 16 k).
 template <DType T, int NT> constexpr int kQuadsPerWiden = T == DType::Q8_0 ? 1 : T == DType::Q6_K ? 2 : kBothHalves<T> && NT > 1 ? 8 : 4;
 template <DType T> constexpr int kQuadsPerScale = T == DType::Q6_K ? 4 : 8;
 
@@ -120,8 +120,8 @@ template <DType T> inline BlockScales block_scales(const uint8_t* su, int h, int
 
 // An empty asm the value passes through: GCC otherwise reassociates Q8_0's integer sums of a
 // block into a tree over every quad's products, holding them all at once and spilling them to
-// the stack (a third of the loop's instructions were spill stores and reloads). The 4-bit types'
-// sums measured no faster with it.
+// the stack, so the loop runs on stores and reloads. The 4-bit types' sums measured no faster
+// with it.
 inline void keep_in_register(__m256i& v) { asm("" : "+x"(v)); }
 
 // Bytes ahead of the codes being read that each block prefetches (in the pass over the first
@@ -245,7 +245,7 @@ void tokens_of_groups(const QPacked& w, const QActs& x, float* y, int64_t ldy, i
 
 // From this many tokens, codes other than Q8_0's are widened once per stretch of groups. The
 // widening pass streams the weights before any product starts, so it pays only once it saves
-// the unpacking of several tiles: batch-8 decode ran 12% faster unpacking on the fly (2 tiles).
+// the unpacking of several tiles: batch-8 decode (2 tiles) measured faster unpacking on the fly.
 constexpr int64_t kWideMinTokens = 16;
 
 template <DType T>

@@ -103,15 +103,14 @@ template <DType T> inline float block_dsum(const QActs& x, int64_t t, int64_t si
 
 // Each block prefetches the codes kFarAhead bytes past it into L2 and kNearAhead bytes past it
 // into L1. To stream at DRAM speed a core must keep many lines in flight, and L2 tracks more
-// outstanding misses than L1 does: with one distance into L1, one thread of a Zen 4 VM read the
-// weights at 13-18 GB/s where its read-bandwidth probe reached 27-31, and the Xeon's threads sat
-// below the probe too. 16 KB into L2 plus 2 KB into L1, against 4 KB into L1 alone (the fifth
-// pass's best single distance): one Zen 4 thread 18.6-19.2 GB/s against 13.3-18.1; decode on that
-// VM's 2 cores +4% (E2B q4_0), +5% (q8_0) and +26% (Gemma 3 270M Q4_K_M), on xeon-16c at 16
-// threads +2% (q4_0) and +5% (q8_0): medians of alternating rounds (docs/benchmarks.md, eleventh
-// pass). A task starts by prefetching its first kFarAhead bytes, which the in-loop prefetches
-// never cover, all into L1: it reads them within microseconds (the same two levels there were no
-// faster on E2B and 1-4% slower on the 270M's small matrices).
+// outstanding misses than L1 does: with a single distance into L1, one thread read the weights
+// well below what the read-bandwidth probe reached. The far prefetch keeps enough lines in flight;
+// the near one brings each line into L1 just before the loop reads it. The two distances were
+// chosen by alternating decode runs against single distances into L1 or L2 (measured: see
+// docs/benchmarks.md). A task starts by prefetching its first kFarAhead bytes, which the in-loop
+// prefetches never cover, all into L1: it reads them within microseconds (the same two levels
+// there were no faster on large matrices and slower on small ones, where the start is a larger
+// part of each task).
 constexpr size_t kFarAhead = 16384, kNearAhead = 2048;
 
 // The per-unit f16 scales of the K types (d, and dmin for Q4_K), loaded once per 8 blocks.

@@ -1,21 +1,24 @@
-// Fast Σ w·x for rows in their storage format. Each block's integers are widened to int8 lanes,
-// multiplied by x in f32 and the block's scale applied once per (sub-)block; mins contribute
-// scale·Σx. Same products as vec_dot_ref, summed in a different order.
-// The library is built for baseline x86-64, so the AVX2 code is compiled per function (target
-// attribute) and chosen at run time; other CPUs get vec_dot_ref.
+// The fused dequantize-dot of the f32-activation path (cpu::vec_dot, cpu_kernels.h): Σ w·x for a
+// row left in its storage format. Each block's integers are widened to int8 lanes, multiplied by
+// x in f32 and the block's scale applied once per (sub-)block; mins contribute scale·Σx. Same
+// products as vec_dot_ref (core/quant.h), summed in a different order.
+// The AVX2 code is compiled per function (target attribute), not per file like the kernel tables:
+// it calls core's inline block helpers, and a file built with -mavx2 would emit AVX2 copies of
+// them that the linker could pick for every caller. Which path runs is the active kernel table's
+// choice (cpu_kernels.cpp's one CPU check and MARKBASE_CPU_ISA), never a check of its own.
 #include <cstring>
 
+#include "backends/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
 #include <immintrin.h>
 #define MB_HAVE_AVX2_PATH 1
 #define MB_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
-namespace mb {
+namespace mb::cpu {
 
 #ifdef MB_HAVE_AVX2_PATH
 
@@ -216,20 +219,13 @@ MB_AVX2 float vec_dot_avx2(DType t, const void* row, const float* x, int64_t n) 
   }
 }
 
-bool cpu_has_avx2() {
-  static const bool ok = [] {
-    unsigned a, b, c, d;  // F16C is CPUID.1:ECX bit 29 (clang's __builtin_cpu_supports lacks it)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
-           ((c >> 29) & 1u) != 0;
-  }();
-  return ok;
-}
-
 }  // namespace
 
+// The AVX-512 table implies AVX2 (cpu_kernels.cpp grants it only with AVX2, FMA and F16C), and
+// this dot has no wider version: both SIMD tables take the AVX2 one.
 float vec_dot(DType t, const void* row, const float* x, int64_t n) {
   dtype_row_bytes(t, n);
-  return cpu_has_avx2() ? vec_dot_avx2(t, row, x, n) : vec_dot_ref(t, row, x, n);
+  return kernels().isa == Isa::Scalar ? vec_dot_ref(t, row, x, n) : vec_dot_avx2(t, row, x, n);
 }
 
 #else
@@ -238,4 +234,4 @@ float vec_dot(DType t, const void* row, const float* x, int64_t n) { return vec_
 
 #endif
 
-}  // namespace mb
+}  // namespace mb::cpu
