@@ -79,6 +79,16 @@ TEST(Layering, ModelsUseTheBackendContractOnly) {
   }
 }
 
+// Library code reports through return values and mb::Error; only the command line prints.
+TEST(Layering, OnlyTheCommandLinePrints) {
+  const std::regex print(R"re((\b(printf|fprintf|puts|fputs|perror)\s*\(|std::(cout|cerr|clog)\b))re");
+  for (const SourceFile& f : sources()) {
+    if (f.layer == "cli") continue;
+    for (std::sregex_iterator it(f.text.begin(), f.text.end(), print), end; it != end; ++it)
+      ADD_FAILURE() << "src/" << f.path << " prints with " << (*it)[1];
+  }
+}
+
 // Architecture names and their HF classes are spelled only in their own folders (and in the
 // Gemma 4 output parser, which the brief puts with the tokenizer).
 TEST(Layering, ArchitecturesAreNamedOnlyInTheirFolders) {

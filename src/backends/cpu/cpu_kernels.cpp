@@ -622,6 +622,4 @@ void matmul_ref(const float* x, int64_t n, int64_t k, DType wt, const void* w, i
   }
 }
 
-void attention_ref(const AttnArgs& a) { attention_rows(a, 0, a.n, 0, a.nh); }
-
 }  // namespace mb::cpu

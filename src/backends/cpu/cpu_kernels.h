@@ -106,7 +106,5 @@ float dot_f32_ref(const float* a, const float* b, int64_t n);
 // y[t][r] = fma(x[t][k-1], w[r][k-1], ... fma(x[t][0], w[r][0], 0)): what the SIMD matmul paths
 // return bit for bit.
 void matmul_ref(const float* x, int64_t n, int64_t k, DType wt, const void* w, int64_t m, float* y);
-// Two-pass softmax attention in the order of Backend::attention's original loop.
-void attention_ref(const AttnArgs& a);
 
 }  // namespace mb::cpu
