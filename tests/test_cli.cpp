@@ -1,9 +1,11 @@
 // Issue 20's command-line items, as a user meets them: file-provided GGUF strings in errors,
-// escaped and whole.
+// escaped and whole; a refused thread start as an error.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "core/error.h"
@@ -14,6 +16,20 @@
 namespace fs = std::filesystem;
 
 namespace {
+
+// A shell command line's exit code and output (stdout and stderr together, as `2>&1 | cat` shows).
+mbtest::CliResult run_shell(const std::string& script) {
+  FILE* p = popen(("{ " + script + " ; } 2>&1").c_str(), "r");
+  mbtest::CliResult r{-1, {}};
+  if (!p) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+const std::string kCli = MARKBASE_CLI_PATH;
 
 bool has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
 
@@ -92,3 +108,29 @@ TEST(CliGguf, CorruptStringsArePrintedEscapedAndWhole) {
   EXPECT_TRUE(has(r.out, "metadata key '" + shown + "... (500 bytes)' has unknown value type 99")) << r.out;
   fs::remove_all(dir);
 }
+
+// ---- threads -------------------------------------------------------------------------------------
+
+TEST(CliThreads, AFailedThreadStartIsAnErrorNotAnAbort) {
+  // A 1 TB stack per thread: the system refuses the threads (address space or overcommit).
+  const auto r = run_shell("ulimit -s 1000000000 && " + kCli + " generate -m " + mbtest::fixture("e2b_like") +
+                           " --tokens 2,3 -n 1 --threads 400");
+  if (has(r.out, "ulimit")) GTEST_SKIP() << "cannot raise the stack limit here: " << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_FALSE(has(r.out, "terminate called")) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("error: cannot start 400 threads: [0-9]+ started, then the system "
+                                                  "refused another \\(Resource temporarily unavailable\\)")))
+      << r.out;
+}
+
+#if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space: no room for a limit
+TEST(CliThreads, SomeThreadsStartedAreJoinedBeforeTheError) {
+  const auto r = run_shell("ulimit -v 1000000 && " + kCli + " generate -m " + mbtest::fixture("e2b_like") +
+                           " --tokens 2,3 -n 1 --threads 400");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("cannot start 400 threads: ([0-9]+) started"))) << r.out;
+  EXPECT_GT(std::stoi(m[1]), 1) << r.out;
+  EXPECT_LT(std::stoi(m[1]), 400) << r.out;
+}
+#endif
