@@ -1,16 +1,21 @@
 // Issue 20's command-line items, as a user meets them: file-provided GGUF strings in errors,
-// escaped and whole; a refused thread start as an error.
+// escaped and whole; a refused thread start as an error; requests with random seeds, system
+// prompts, stop strings and the context's limit.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/printable.h"
 #include "formats/gguf.h"
+#include "markbase/markbase.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -134,3 +139,177 @@ TEST(CliThreads, SomeThreadsStartedAreJoinedBeforeTheError) {
   EXPECT_LT(std::stoi(m[1]), 400) << r.out;
 }
 #endif
+
+// ---- the library's requests: seeds, system prompts, stop strings, the context ----------------------
+
+namespace {
+
+std::unique_ptr<markbase::Engine> open_fixture(const char* name, int64_t max_context = 0) {
+  markbase::EngineOptions o;
+  o.model_path = mbtest::fixture(name);
+  o.max_context = max_context;
+  return markbase::Engine::open(o);
+}
+
+// 12 tokens sampled at temperature 1 after a fixed prompt.
+markbase::Request sampled_request() {
+  markbase::Request req;
+  req.prompt_tokens = {2, 10, 20, 30};
+  req.max_new_tokens = 12;
+  req.stop_at_eos = false;
+  req.sampling.temperature = 1;
+  return req;
+}
+
+std::string joined(const std::vector<int32_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+// Byte offset of the last UTF-8 character of s.
+size_t last_char_start(const std::string& s) {
+  size_t i = s.size() - 1;
+  while (i > 0 && (uint8_t(s[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+size_t first_char_size(const std::string& s) {
+  size_t n = 1;
+  while (n < s.size() && (uint8_t(s[n]) & 0xC0) == 0x80) ++n;
+  return n;
+}
+
+// Greedy text of e2b_like after {2, 10, 20, 30}, and a stop string of two characters in it (the
+// last of one token's text and the first of the next's) whose first occurrence spans two tokens.
+struct StopCase {
+  markbase::Request req;
+  markbase::Result full;
+  std::string stop;
+  size_t at = 0;      // where the stop string first starts in full.text
+  size_t tokens = 0;  // tokens up to the one whose text completes it
+};
+
+StopCase stop_case(markbase::Engine& engine) {
+  StopCase c;
+  c.req.prompt_tokens = {2, 10, 20, 30};
+  c.req.max_new_tokens = 24;
+  c.req.stop_at_eos = false;
+  std::vector<std::string> pieces;
+  c.req.on_token = [&](int32_t, std::string_view p) {
+    pieces.emplace_back(p);
+    return true;
+  };
+  c.full = engine.generate(c.req);
+  c.req.on_token = nullptr;
+  auto token_at = [&](size_t i) {  // the token whose text holds byte i
+    size_t t = 0;
+    for (size_t end = pieces[0].size(); end <= i; end += pieces[++t].size()) {
+    }
+    return t;
+  };
+  for (size_t k = 0; k + 1 < c.full.tokens.size() && c.stop.empty(); ++k) {
+    if (pieces[k].empty() || pieces[k + 1].empty()) continue;
+    const std::string s =
+        pieces[k].substr(last_char_start(pieces[k])) + pieces[k + 1].substr(0, first_char_size(pieces[k + 1]));
+    c.at = c.full.text.find(s);
+    c.tokens = token_at(c.at + s.size() - 1) + 1;
+    if (token_at(c.at) + 1 < c.tokens) c.stop = s;
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(EngineRequest, NoSeedDrawsOneAndReportsIt) {
+  auto engine = open_fixture("e2b_like");
+  markbase::Request req = sampled_request();
+  req.sampling.seed = 11;
+  const markbase::Result given = engine->generate(req);
+  EXPECT_EQ(given.seed, 11u);
+  req.sampling.seed.reset();
+  const markbase::Result x = engine->generate(req), y = engine->generate(req);
+  EXPECT_NE(x.seed, y.seed);
+  EXPECT_NE(x.tokens, y.tokens);  // 12 draws from a near-flat distribution
+  req.sampling.seed = x.seed;
+  EXPECT_EQ(engine->generate(req).tokens, x.tokens);
+}
+
+TEST(EngineRequest, SystemPromptIsATurnBeforeTheUsers) {
+  for (const char* fixture : {"e2b_like", "gemma3_like"}) {
+    auto engine = open_fixture(fixture);
+    markbase::Request req;
+    req.prompt = "Hello";
+    req.chat = true;
+    req.max_new_tokens = 0;
+    const std::vector<int32_t> plain = engine->generate(req).prompt_ids;
+    req.system_prompt = "Answer_in_French.";  // no spaces: the fixtures' tokenizers decode them as ▁
+    const std::vector<int32_t> ids = engine->generate(req).prompt_ids;
+    EXPECT_NE(ids, plain) << fixture;
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 1) << fixture;  // one <bos>
+    const std::string rendered = engine->detokenize(ids);
+    ASSERT_NE(rendered.find(req.system_prompt), std::string::npos) << rendered;
+    EXPECT_LT(rendered.find(req.system_prompt), rendered.find(req.prompt)) << rendered;
+    req.chat = false;
+    EXPECT_THROW(engine->generate(req), markbase::Error) << fixture;
+  }
+}
+
+TEST(EngineRequest, StopStringsEndTheTextAcrossTokenBoundaries) {
+  auto engine = open_fixture("e2b_like");
+  StopCase c = stop_case(*engine);
+  ASSERT_EQ(c.full.finish_reason, "length");
+  ASSERT_FALSE(c.stop.empty()) << c.full.text;
+  c.req.stop = {"never produced \x01", c.stop};
+  std::string streamed;
+  c.req.on_token = [&](int32_t, std::string_view p) {
+    streamed += p;
+    EXPECT_EQ(streamed.find(c.stop), std::string::npos) << "the stop string was streamed";
+    return true;
+  };
+  const markbase::Result cut = engine->generate(c.req);
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_EQ(cut.text, c.full.text.substr(0, c.at));
+  EXPECT_EQ(streamed, cut.text);
+  EXPECT_EQ(cut.tokens, std::vector<int32_t>(c.full.tokens.begin(), c.full.tokens.begin() + long(c.tokens)));
+  // No occurrence: the whole text, finish "length".
+  c.req.stop = {"never produced \x01"};
+  c.req.on_token = nullptr;
+  const markbase::Result none = engine->generate(c.req);
+  EXPECT_EQ(none.text, c.full.text);
+  EXPECT_EQ(none.finish_reason, "length");
+  c.req.stop = {""};
+  EXPECT_THROW(engine->generate(c.req), markbase::Error);
+}
+
+TEST(EngineRequest, APromptOfUpToTheContextFitsAndFillingItIsReported) {
+  auto engine = open_fixture("gemma3_like", 8);
+  auto whole = open_fixture("gemma3_like");
+  markbase::Request req;
+  req.prompt_tokens = {2, 10, 20, 30, 40};
+  req.max_new_tokens = 100;
+  req.stop_at_eos = false;
+  // n = 5 of 8: ctx - n + 1 = 4 tokens, the same the model's whole context gives.
+  const markbase::Result full = engine->generate(req);
+  EXPECT_EQ(full.finish_reason, "context");
+  req.max_new_tokens = 4;
+  const markbase::Result exact = engine->generate(req);
+  EXPECT_EQ(exact.finish_reason, "length");  // -n and the context end together: -n is why
+  EXPECT_EQ(full.tokens, exact.tokens);
+  EXPECT_EQ(whole->generate(req).tokens, exact.tokens);
+  // n = ctx: one token, and logits for every position.
+  req.prompt_tokens = {2, 10, 20, 30, 40, 50, 60, 70};
+  req.max_new_tokens = 5;
+  const markbase::Result one = engine->generate(req);
+  EXPECT_EQ(one.tokens.size(), 1u);
+  EXPECT_EQ(one.finish_reason, "context");
+  EXPECT_EQ(engine->prompt_logits(req.prompt_tokens).size(), 8u * size_t(engine->info().vocab_size));
+  // One more fits neither.
+  req.prompt_tokens.push_back(80);
+  for (int run = 0; run < 2; ++run) {
+    try {
+      if (run == 0) engine->generate(req);
+      else engine->prompt_logits(req.prompt_tokens);
+      ADD_FAILURE() << "a prompt of 9 tokens ran in a context of 8";
+    } catch (const markbase::Error& e) {
+      EXPECT_TRUE(has(e.what(), "prompt of 9 tokens exceeds the context size 8")) << e.what();
+    }
+  }
+  EXPECT_THROW(open_fixture("gemma3_like", 40000), markbase::Error);  // the model holds 32768
+}

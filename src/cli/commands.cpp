@@ -117,6 +117,7 @@ void register_generate(CLI::App& app) {
   auto print_ids_flag = std::make_shared<bool>(false);
   auto ignore_eos = std::make_shared<bool>(false);
   auto sp = std::make_shared<markbase::SamplingParams>();
+  auto seed = std::make_shared<uint64_t>(0);
   args->add(cmd, true);
   auto* p_opt = cmd->add_option("-p,--prompt", *prompt, "prompt text");
   auto* t_opt = cmd->add_option("--tokens", *tokens, "prompt token ids, comma-separated (used as given)");
@@ -127,7 +128,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-k", sp->top_k, "0 = off")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", sp->top_p, "1 = off")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-p", sp->min_p, "0 = off")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", sp->seed, "sampling seed");
+  cmd->add_option("--seed", *seed, "sampling seed");
   cmd->add_flag("--print-ids", *print_ids_flag, "print the new token ids, comma-separated, as the last line");
   cmd->add_flag("--ignore-eos", *ignore_eos, "keep generating past end-of-sequence / end-of-turn tokens");
   cmd->callback([=] {
@@ -140,6 +141,7 @@ void register_generate(CLI::App& app) {
     req.chat = *chat;
     req.max_new_tokens = *n;
     req.sampling = *sp;
+    req.sampling.seed = *seed;
     req.stop_at_eos = !*ignore_eos;
     // Text streams as it is produced; a model without a tokenizer prints ids instead.
     const bool text = engine->has_tokenizer();
