@@ -1,15 +1,22 @@
 // Issue 20's command-line items, as a user meets them: file-provided GGUF strings in errors,
 // escaped and whole; a refused thread start as an error; requests with random seeds, system
-// prompts, stop strings and the context's limit.
+// prompts, stop strings and the context's limit; quantize's output file (OUT.part removed on an
+// interrupt, OUT never the input) and the system's reason in file errors.
+#include <fcntl.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -312,4 +319,102 @@ TEST(EngineRequest, APromptOfUpToTheContextFitsAndFillingItIsReported) {
     }
   }
   EXPECT_THROW(open_fixture("gemma3_like", 40000), markbase::Error);  // the model holds 32768
+}
+
+// ---- quantize's output ---------------------------------------------------------------------------
+
+TEST(CliQuantize, RefusesToOverwriteItsInputHoweverSpelled) {
+  const std::string dir = mbtest::temp_dir("cli_same");
+  auto r = mbtest::run_cli("quantize " + mbtest::fixture("e2b_like") + " " + dir + "/m.gguf --type f32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto size = fs::file_size(dir + "/m.gguf");
+  fs::create_symlink("m.gguf", dir + "/link.gguf");
+  fs::create_directory(dir + "/sub");
+  fs::copy_file(dir + "/m.gguf", dir + "/x.gguf.part");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"m.gguf ./m.gguf", "OUT ./m.gguf is the input file itself"},
+      {"m.gguf sub/../m.gguf", "OUT sub/../m.gguf is the input file itself"},
+      {"m.gguf link.gguf", "OUT link.gguf is the input file itself"},
+      {"m.gguf sub", "OUT sub is a directory"},
+      {"x.gguf.part x.gguf", "the input x.gguf.part is OUT.part"},
+  };
+  for (const auto& [args, expected] : cases) {
+    r = run_shell("cd " + dir + " && " + kCli + " quantize " + args + " --type q8_0");
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "error: quantize: " + expected)) << args << "\n" << r.out;
+  }
+  EXPECT_EQ(fs::file_size(dir + "/m.gguf"), size);
+  EXPECT_EQ(fs::file_size(dir + "/x.gguf.part"), size);
+  fs::remove_all(dir);
+}
+
+TEST(CliQuantize, ErrorsCarryTheSystemsReason) {
+  const std::string dir = mbtest::temp_dir("cli_errno");
+  const std::string in = mbtest::fixture("e2b_like");
+  auto r = mbtest::run_cli("quantize " + in + " " + dir + "/missing/out.gguf --type f32");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.out, "cannot open " + dir + "/missing/out.gguf.part for writing: No such file or directory"))
+      << r.out;
+  // Permission denied: sysfs refuses new files even to root; elsewhere a read-only folder does.
+  std::string denied = "/sys/kernel";
+  if (geteuid() != 0) {
+    denied = dir + "/ro";
+    fs::create_directory(denied);
+    chmod(denied.c_str(), 0555);
+  }
+  if (fs::is_directory(denied)) {
+    r = mbtest::run_cli("quantize " + in + " " + denied + "/out.gguf --type f32");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_TRUE(has(r.out, "cannot open " + denied + "/out.gguf.part for writing: Permission denied")) << r.out;
+  }
+  r = mbtest::run_cli("logits -m " + in + " --tokens 2,3 -o " + dir + "/missing/l.bin");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.out, "cannot open " + dir + "/missing/l.bin for writing: No such file or directory")) << r.out;
+  r = mbtest::run_cli("logits -m " + in + " --tokens 2,3 -o " + dir);
+  EXPECT_TRUE(has(r.out, "cannot open " + dir + " for writing: Is a directory")) << r.out;
+  r = mbtest::run_cli("tokenize -m " + in + " --messages " + dir + "/missing.json");
+  EXPECT_TRUE(has(r.out, "cannot open JSON file " + dir + "/missing.json: No such file or directory")) << r.out;
+  chmod((dir + "/ro").c_str(), 0755);
+  fs::remove_all(dir);
+}
+
+TEST(CliQuantize, AnInterruptRemovesThePartialOutput) {
+  const std::string dir = mbtest::temp_dir("cli_sigint");
+  // An input big enough that writing OUT.part takes a while: the tiny synthetic model in f32.
+  const auto made = mbtest::run_cli("bench --synthetic tiny --dtype f32 --pp 0 --tg 0 --save " + dir + "/big.gguf");
+  if (made.exit_code != 0 && has(made.out, "tokenizer")) GTEST_SKIP() << made.out;
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const std::string out = dir + "/out.gguf", part = out + ".part";
+  int interrupted = 0;
+  for (int attempt = 0; attempt < 20 && interrupted < 2; ++attempt) {
+    const int sig = interrupted == 0 ? SIGINT : SIGTERM;
+    fs::remove(out);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 2);
+      execl(kCli.c_str(), kCli.c_str(), "quantize", (dir + "/big.gguf").c_str(), out.c_str(), "--type", "f32",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Signal as soon as OUT.part appears.
+    bool seen = false;
+    int status = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (!seen && fs::exists(part)) {
+        seen = true;
+        kill(pid, sig);
+      }
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) kill(pid, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!seen || fs::exists(out)) continue;  // finished before the signal landed: try again
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "status " << status;
+    EXPECT_FALSE(fs::exists(part)) << "signal " << sig << " left " << part;
+    ++interrupted;
+  }
+  EXPECT_EQ(interrupted, 2) << "never caught quantize while it wrote " << part;
+  fs::remove_all(dir);
 }

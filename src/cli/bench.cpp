@@ -9,6 +9,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -28,6 +29,7 @@
 #include "backends/cpu/qmatmul.h"
 #include "backends/profiling_backend.h"
 #include "cli/commands.h"
+#include "cli/files.h"
 #include "core/error.h"
 #include "core/mmap.h"
 #include "core/stats.h"
@@ -195,24 +197,23 @@ QuantType save_quant_type(const std::string& dtype) {
 
 void save_gguf(const Checkpoint& ck, const BenchArgs& a) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  MB_CHECK(a.model.empty() || !fs::equivalent(a.model, a.save, ec), "bench: --save must not overwrite -m {}", a.model);
   const QuantType q = a.synthetic.empty() ? save_quant_type(a.dtype) : QuantType::Keep;
   const std::string tok = !a.synthetic.empty() ? synthetic_tokenizer_path(a.tokenizer) : a.tokenizer;
   const auto t0 = Clock::now();
   std::fprintf(stderr, "bench: saving %s ...\n", a.save.c_str());
-  // Written to a temporary name and renamed at the end, so a failure never leaves a truncated file.
-  const std::string tmp = a.save + ".part";
+  // Written as FILE.part and renamed at the end: a failure or Ctrl-C never leaves a truncated file.
+  PartialOutput part(a.save);
   // In a child process, so that what the export allocates (the tokenizer's JSON, re-encoded
   // tensors) never counts in the peak RSS this benchmark reports. The child shares the weights
   // copy-on-write and only reads them; export_gguf runs on the calling thread alone.
   std::fflush(nullptr);
-  const pid_t pid = fork();
-  MB_CHECK(pid >= 0, "bench --save: fork failed");
+  const pid_t parent = getpid(), pid = fork();
+  MB_CHECK(pid >= 0, "bench --save: fork failed: {}", std::strerror(errno));
   if (pid == 0) {
+    PartialOutput::die_with_parent(parent);
     int rc = 0;
     try {
-      export_gguf(ck, tmp, q, nullptr, tok);
+      export_gguf(ck, part.temp_path(), q, nullptr, tok);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
       rc = 1;
@@ -223,12 +224,10 @@ void save_gguf(const Checkpoint& ck, const BenchArgs& a) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fs::remove(tmp, ec);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail("bench --save: writing {} failed{}", a.save,
          WIFSIGNALED(status) ? fmt::format(" (signal {})", WTERMSIG(status)) : std::string());
-  }
-  fs::rename(tmp, a.save);
+  part.commit();
   rusage child{};
   getrusage(RUSAGE_CHILDREN, &child);
   std::fprintf(stderr, "bench: wrote %s (%.1f MB) in %.1f s (peak RSS of the export: %.3f GB)\n", a.save.c_str(),
@@ -261,6 +260,7 @@ void run_bench(const BenchArgs& a) {
     if (a.model.empty() && a.synthetic.empty()) return;
   }
   MB_CHECK(a.model.empty() != a.synthetic.empty(), "bench: give exactly one of -m PATH or --synthetic NAME");
+  if (!a.save.empty()) check_output_path(a.model, a.save, "bench --save");
   MB_CHECK(a.pp >= 0 && a.tg >= 0 && (a.pp + a.tg > 0 || !a.save.empty()) && a.reps > 0,
            "bench: --pp/--tg must be >= 0, not both 0 (except with --save: save only)");
   std::vector<int32_t> batches = parse_token_list(a.batches);

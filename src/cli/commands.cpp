@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include <fmt/ranges.h>
 
+#include "cli/files.h"
 #include "core/error.h"
 #include "markbase/markbase.h"
 #include "runtime/text.h"
@@ -90,10 +90,9 @@ struct ModelArgs {
 };
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MB_CHECK(in.good(), "cannot open {}", path);
+  const std::string text = read_file(path, "JSON file");
   try {
-    return nlohmann::ordered_json::parse(in);
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
@@ -172,13 +171,11 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--chunk", *chunk, "tokens per forward step (0: one prefill; 1: token by token)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([=] {
+    const std::vector<int32_t> ids = parse_token_list(*tokens);
     auto engine = markbase::Engine::open(args->engine_options());
-    std::vector<float> logits = engine->prompt_logits(parse_token_list(*tokens), *chunk);
-    std::ofstream f(*out, std::ios::binary | std::ios::trunc);
-    MB_CHECK(f.good(), "cannot open {} for writing", *out);
-    f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
-    f.close();
-    MB_CHECK(f.good(), "error writing {}", *out);
+    write_file(*out, nullptr, 0);  // an output that cannot be written fails before the model runs
+    std::vector<float> logits = engine->prompt_logits(ids, *chunk);
+    write_file(*out, logits.data(), logits.size() * sizeof(float));
     std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", logits.size() / size_t(engine->info().vocab_size),
                  (long long)engine->info().vocab_size, out->c_str());
   });
@@ -238,16 +235,16 @@ void register_quantize(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "q4_k_m"}));
   cmd->callback([a] {
-    MB_CHECK(std::filesystem::absolute(a->in) != std::filesystem::absolute(a->out), "quantize: OUT must differ from IN");
+    check_output_path(a->in, a->out, "quantize");
     auto ck = mb::open_checkpoint(a->in);
     const auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    // Written to a temporary name and renamed at the end, so a failure never leaves a truncated OUT.
-    const std::string tmp = a->out + ".part";
+    // Written as OUT.part and renamed at the end: a failure or Ctrl-C never leaves a truncated OUT.
+    PartialOutput part(a->out);
     try {
       const bool tty = isatty(2);
       double last = -1;
-      mb::export_gguf(*ck, tmp, mb::parse_quant_type(a->type), [&](const mb::ExportProgress& p) {
+      mb::export_gguf(*ck, part.temp_path(), mb::parse_quant_type(a->type), [&](const mb::ExportProgress& p) {
         const double s = elapsed();
         if (p.done != p.total && (!tty || s - last < 0.1)) return;  // a redraw at most every 0.1 s
         last = s;
@@ -255,11 +252,10 @@ void register_quantize(CLI::App& app) {
                      s > 0 ? double(p.done) / s : 0.0, p.tensor.c_str());
       });
     } catch (...) {
-      std::filesystem::remove(tmp);
       std::fprintf(stderr, "\n");
       throw;
     }
-    std::filesystem::rename(tmp, a->out);
+    part.commit();
     std::fprintf(stderr, "\nwrote %s (%s, %.1f MB) in %.1f s\n", a->out.c_str(), a->type.c_str(),
                  double(std::filesystem::file_size(a->out)) / 1e6, elapsed());
   });
