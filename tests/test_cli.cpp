@@ -1,7 +1,7 @@
-// Issue 20's command-line items, as a user meets them: file-provided GGUF strings in errors,
-// escaped and whole; a refused thread start as an error; requests with random seeds, system
-// prompts, stop strings and the context's limit; quantize's output file (OUT.part removed on an
-// interrupt, OUT never the input) and the system's reason in file errors.
+// The command line as a user meets it (issue 20): flag errors that say what is wrong and exit 1,
+// failed thread starts as errors, random seeds that can be repeated, prompts from files and stdin,
+// system prompts, stop strings, the context limit, quantize's output file handling, escaped GGUF
+// strings in errors, and the stats line on its own line in a pipe.
 #include <fcntl.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/flags.h"
 #include "core/error.h"
 #include "core/printable.h"
 #include "formats/gguf.h"
@@ -41,9 +42,32 @@ mbtest::CliResult run_shell(const std::string& script) {
   return r;
 }
 
+std::string sh_quote(const std::string& s) {  // for sh
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 const std::string kCli = MARKBASE_CLI_PATH;
 
 bool has(const std::string& out, const std::string& what) { return out.find(what) != std::string::npos; }
+
+// The last line of the output: --print-ids' ids.
+std::string last_line(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s.substr(s.rfind('\n') + 1);
+}
+
+// "seed: N" as --verbose prints it.
+std::string printed_seed(const std::string& out) {
+  std::smatch m;
+  return std::regex_search(out, m, std::regex("seed: +([0-9]+)")) ? m[1].str() : "";
+}
+
+std::string printed_prompt_ids(const std::string& out) {
+  std::smatch m;
+  return std::regex_search(out, m, std::regex("prompt ids: ([0-9,]+)")) ? m[1].str() : "";
+}
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -321,6 +345,237 @@ TEST(EngineRequest, APromptOfUpToTheContextFitsAndFillingItIsReported) {
   EXPECT_THROW(open_fixture("gemma3_like", 40000), markbase::Error);  // the model holds 32768
 }
 
+// ==== the command line ================================================================================
+
+// ---- flags ---------------------------------------------------------------------------------------
+
+TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
+  const std::string m = " -m " + mbtest::fixture("e2b_like");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate -p hi -n -1" + m, "-n/--n-predict: expected a whole number from 0 to 2147483647, got '-1'"},
+      {"generate -p hi -n abc" + m, "-n/--n-predict: expected a whole number from 0 to 2147483647, got 'abc'"},
+      {"generate -p hi -n 1.5" + m, "got '1.5'"},
+      {"generate -p hi --temperature -1" + m, "--temperature: expected a number >= 0, got '-1'"},
+      {"generate -p hi --temperature nan" + m, "--temperature: expected a number >= 0, got 'nan'"},
+      {"generate -p hi --top-k -2" + m, "--top-k: expected a whole number from 0 to 2147483647, got '-2'"},
+      {"generate -p hi --top-p 0" + m, "--top-p: expected a number > 0 and <= 1, got '0'"},
+      {"generate -p hi --min-p 1.5" + m, "--min-p: expected a number from 0 to 1, got '1.5'"},
+      {"generate -p hi --threads -3" + m, "--threads: expected a whole number from 0 to 4096, got '-3'"},
+      {"generate -p hi --threads 5000" + m, "--threads: expected a whole number from 0 to 4096, got '5000'"},
+      {"generate -p hi -c -5" + m, "-c/--ctx: expected a whole number >= 0, got '-5'"},
+      {"generate -p hi --seed -2" + m,
+       "--seed: expected a whole number from 0 to 18446744073709551615, or -1 for a random seed, got '-2'"},
+      {"generate -p hi --seed 18446744073709551616" + m, "got '18446744073709551616'"},
+      {"generate -p hi --system x" + m, "--system requires --chat"},
+      {"logits --tokens 1 -o x --chunk -1" + m, "--chunk: expected a whole number from 0 to 2147483647, got '-1'"},
+      {"logits --tokens 1" + m, "-o/--output is required"},
+      {"bench --synthetic tiny --pp -1", "--pp: expected a whole number from 0 to 1048576, got '-1'"},
+      {"bench --synthetic tiny --tg abc", "--tg: expected a whole number from 0 to 1048576, got 'abc'"},
+      {"bench --synthetic tiny --reps 0", "--reps: expected a whole number from 1 to 1000000, got '0'"},
+      {"bench --synthetic tiny --membw-mb -5", "--membw-mb: expected a whole number from 0 to 16777216"},
+      {"bench --synthetic tiny --batch 0", "--batch: batch size 0 is not from 1 to 1024"},
+      {"bench --synthetic tiny --batch 1,x", "--batch: 'x' is not a whole number from 0 to 2147483647"},
+      {"bench --synthetic tiny --threads 99999", "--threads: expected a whole number from 0 to 4096"},
+      // Unknown options are named as such (CLI11 alone reads -ngl as -n gl), with a hint.
+      {"generate -p hi -ngl 99" + m, "unknown option '-ngl' for markbase generate: MarkBase runs on the CPU"},
+      {"generate -p hi --n-gpu-layers 99" + m, "unknown option '--n-gpu-layers'"},
+      {"generate -p hi -t 4" + m, "unknown option '-t' for markbase generate: llama.cpp's -t is --threads here"},
+      {"generate -p hi --temp 0.5" + m, "llama.cpp's --temp is --temperature here"},
+      {"generate -p hi --ctx-size 64" + m, "llama.cpp's --ctx-size is -c/--ctx here"},
+      {"generate -p hi --top_k 3" + m, "unknown option '--top_k' for markbase generate; did you mean --top-k?"},
+      {"generate -p hi --bogus" + m, "unknown option '--bogus' for markbase generate"},
+      {"bench -p 512", "llama.cpp's -p is --pp here"},
+      {"foo", "unknown subcommand 'foo' (subcommands: generate, logits, info, tokenize, bench, quantize)"},
+      {"", "give a subcommand: generate, logits, info, tokenize, bench, quantize"},
+      {m + " generate -p hi", "unknown option '-m' before the subcommand"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const auto r = mbtest::run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "error: ")) << args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, expected)) << args << "\n" << r.out;
+    EXPECT_FALSE(has(r.out, "17976931348623157")) << args;  // the 309-digit range CLI11 printed
+  }
+}
+
+TEST(CliFlags, ValuesThatLookLikeOptionsStayValues) {
+  const std::string m = " -m " + mbtest::fixture("e2b_like");
+  // A prompt that starts with a dash, and a value glued to -n.
+  auto r = mbtest::run_cli("generate -p -ngl -n2 --print-ids" + m);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string ids = last_line(r.out);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), ','), 1) << r.out;  // two ids
+  r = mbtest::run_cli("generate --prompt=-x -n 1" + m);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
+TEST(CliFlags, HelpShowsDefaultsAndVersionExists) {
+  auto r = mbtest::run_cli("generate --help");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "tokens to generate, at most (default: 32)")) << r.out;
+  EXPECT_TRUE(has(r.out, "(default: random)")) << r.out;
+  EXPECT_TRUE(has(r.out, "--threads INT:[0, 4096]")) << r.out;
+  r = mbtest::run_cli("bench --help");
+  EXPECT_TRUE(has(r.out, "prompt tokens per sequence (default: 512)")) << r.out;
+  r = mbtest::run_cli("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^markbase [0-9]+\\.[0-9]+\\.[0-9]+"))) << r.out;
+}
+
+// ---- threads: the warning -----------------------------------------------------------------------
+
+TEST(CliThreads, FarMoreThreadsThanCoresWarn) {
+  const int cores = mb::cli::usable_cores();
+  const std::string base = "generate -m " + mbtest::fixture("e2b_like") + " --tokens 2,3 -n 1 --threads ";
+  auto r = mbtest::run_cli(base + std::to_string(2 * cores + 1));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "warning: --threads " + std::to_string(2 * cores + 1) + " is more than twice the " +
+                             std::to_string(cores) + " core"))
+      << r.out;
+  r = mbtest::run_cli(base + std::to_string(cores));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_FALSE(has(r.out, "warning")) << r.out;
+}
+
+// ---- seeds ---------------------------------------------------------------------------------------
+
+TEST(CliSeed, NoSeedIsRandomAndThePrintedSeedRepeatsTheRun) {
+  const std::string base = "generate -m " + mbtest::fixture("e2b_like") +
+                           " --tokens 2,10,20,30 -n 12 --temperature 1 --ignore-eos --print-ids --verbose";
+  const auto a = mbtest::run_cli(base), b = mbtest::run_cli(base), c = mbtest::run_cli(base + " --seed -1");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  const std::string seed = printed_seed(a.out);
+  ASSERT_FALSE(seed.empty()) << a.out;
+  EXPECT_NE(seed, printed_seed(b.out));
+  EXPECT_NE(seed, printed_seed(c.out));
+  EXPECT_NE(last_line(a.out), last_line(b.out));  // 12 draws from a near-flat distribution
+  EXPECT_NE(last_line(a.out), last_line(c.out));
+  const auto again = mbtest::run_cli(base + " --seed " + seed);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(last_line(again.out), last_line(a.out));
+  EXPECT_EQ(printed_seed(again.out), seed);
+}
+
+TEST(CliSeed, AGivenSeedIsTheLibrarysSeed) {
+  // --seed S feeds the sampler's stream exactly as the library's SamplingParams::seed = S does.
+  auto engine = open_fixture("e2b_like");
+  markbase::Request req = sampled_request();
+  req.sampling.seed = 11;
+  const auto r = mbtest::run_cli("generate -m " + mbtest::fixture("e2b_like") +
+                                 " --tokens 2,10,20,30 -n 12 --temperature 1 --ignore-eos --print-ids --seed 11");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(last_line(r.out), joined(engine->generate(req).tokens));
+}
+
+// ---- prompts -------------------------------------------------------------------------------------
+
+TEST(CliPrompt, FromAFileOrStdinAsFromTheCommandLine) {
+  const std::string dir = mbtest::temp_dir("cli_prompt");
+  const std::string m = " -m " + mbtest::fixture("gemma3_like") + " -n 6 --ignore-eos --print-ids";
+  const auto direct = mbtest::run_cli("generate -p 'Hello there'" + m);
+  ASSERT_EQ(direct.exit_code, 0) << direct.out;
+  write_bytes(dir + "/prompt.txt", "Hello there\n");  // a file's last newline is not part of the prompt
+  const auto file = mbtest::run_cli("generate -f " + dir + "/prompt.txt" + m);
+  ASSERT_EQ(file.exit_code, 0) << file.out;
+  EXPECT_EQ(last_line(file.out), last_line(direct.out));
+  const auto in = run_shell("echo 'Hello there' | " + kCli + " generate -p -" + m + " --verbose");
+  ASSERT_EQ(in.exit_code, 0) << in.out;
+  EXPECT_EQ(last_line(in.out), last_line(direct.out));
+  EXPECT_TRUE(has(in.out, "bytes of text from stdin")) << in.out;
+  const auto ids = mbtest::run_cli("tokenize -m " + mbtest::fixture("gemma3_like") + " --text 'Hello there' --bos");
+  EXPECT_EQ(printed_prompt_ids(in.out) + "\n", ids.out);
+
+  auto r = mbtest::run_cli("generate -f " + dir + "/missing.txt" + m);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.out, "error: cannot open prompt file " + dir + "/missing.txt: No such file or directory")) << r.out;
+  r = run_shell(kCli + " generate -p -" + m + " < /dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.out, "error: the prompt read from stdin is empty")) << r.out;
+  r = mbtest::run_cli("generate -p hi -f " + dir + "/prompt.txt" + m);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(has(r.out, "excludes")) << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(CliPrompt, SystemPromptRendersAsTheTemplatesMessages) {
+  const std::string dir = mbtest::temp_dir("cli_system");
+  for (const char* fixture : {"e2b_like", "gemma3_like"}) {
+    const std::string m = mbtest::fixture(fixture);
+    const std::string system = "Answer_in_French.", user = "Hello";  // no spaces: the fixtures decode them as ▁
+    nlohmann::json msgs = nlohmann::json::array({{{"role", "system"}, {"content", system}},
+                                                 {{"role", "user"}, {"content", user}}});
+    write_bytes(dir + "/messages.json", msgs.dump());
+    const auto expected =
+        mbtest::run_cli("tokenize -m " + m + " --messages " + dir + "/messages.json --add-generation-prompt");
+    ASSERT_EQ(expected.exit_code, 0) << expected.out;
+    const auto with = mbtest::run_cli("generate -m " + m + " --chat --system " + sh_quote(system) + " -p " +
+                                      sh_quote(user) + " -n 0 --verbose");
+    ASSERT_EQ(with.exit_code, 0) << with.out;
+    EXPECT_EQ(printed_prompt_ids(with.out) + "\n", expected.out) << fixture;
+    const auto without = mbtest::run_cli("generate -m " + m + " --chat -p " + sh_quote(user) + " -n 0 --verbose");
+    ASSERT_EQ(without.exit_code, 0) << without.out;
+    EXPECT_NE(printed_prompt_ids(without.out), printed_prompt_ids(with.out)) << fixture;
+
+  }
+  fs::remove_all(dir);
+}
+
+// ---- stop strings --------------------------------------------------------------------------------
+
+TEST(CliStop, TheTextEndsBeforeTheStopString) {
+  auto engine = open_fixture("e2b_like");
+  StopCase c = stop_case(*engine);
+  ASSERT_FALSE(c.stop.empty()) << c.full.text;
+  const auto r = mbtest::run_cli("generate -m " + mbtest::fixture("e2b_like") +
+                                 " --tokens 2,10,20,30 -n 24 --ignore-eos --stop 'never produced' --stop " +
+                                 sh_quote(c.stop) + " --print-ids");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string text = c.full.text.substr(0, c.at);
+  EXPECT_EQ(r.out.substr(0, text.size() + 1), text + "\n") << r.out;
+  EXPECT_TRUE(has(r.out, "finish: stop")) << r.out;
+  const std::vector<int32_t> ids(c.full.tokens.begin(), c.full.tokens.begin() + long(c.tokens));
+  EXPECT_EQ(last_line(r.out), joined(ids));
+}
+
+// ---- context -------------------------------------------------------------------------------------
+
+TEST(CliContext, GenerateAndLogitsAgreeOnWhatFitsAndGenerateSaysWhenItIsFull) {
+  const std::string m = " -m " + mbtest::fixture("gemma3_like") + " -c 8";
+  const std::string five = "2,10,20,30,40", eight = five + ",50,60,70", nine = eight + ",80";
+  const std::string gen = " --ignore-eos --print-ids";
+  const std::string logits_out = mbtest::temp_dir("cli_ctx") + "/logits.bin";
+  // A prompt of n <= ctx tokens fits both; generate then makes ctx - n + 1 tokens at most.
+  auto r = mbtest::run_cli("generate --tokens " + five + " -n 100" + gen + m);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "| 4 new tokens in")) << r.out;
+  EXPECT_TRUE(has(r.out, "finish: context")) << r.out;
+  const std::string four = last_line(r.out);
+  r = mbtest::run_cli("generate --tokens " + five + " -n 4" + gen + m);  // -n ends it first
+  EXPECT_TRUE(has(r.out, "finish: length")) << r.out;
+  EXPECT_EQ(last_line(r.out), four);
+  r = mbtest::run_cli("generate --tokens " + five + " -n 4" + gen + " -m " + mbtest::fixture("gemma3_like"));
+  EXPECT_EQ(last_line(r.out), four);  // the same tokens as with the model's whole context
+  r = mbtest::run_cli("generate --tokens " + eight + " -n 5" + gen + m);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "| 1 new tokens in")) << r.out;
+  EXPECT_TRUE(has(r.out, "finish: context")) << r.out;
+  r = mbtest::run_cli("logits --tokens " + eight + " -o " + logits_out + m);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(fs::file_size(logits_out), 8u * 512u * 4u);
+  // One more token fits neither, with the same message.
+  for (const std::string& cmd : {"generate --tokens " + nine + gen, "logits --tokens " + nine + " -o " + logits_out}) {
+    r = mbtest::run_cli(cmd + m);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_TRUE(has(r.out, "error: prompt of 9 tokens exceeds the context size 8")) << r.out;
+  }
+  r = mbtest::run_cli("generate --tokens 2,3 -c 40000 -m " + mbtest::fixture("gemma3_like"));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "context size 40000 is out of range: the model holds at most 32768 tokens")) << r.out;
+  fs::remove_all(fs::path(logits_out).parent_path());
+}
+
 // ---- quantize's output ---------------------------------------------------------------------------
 
 TEST(CliQuantize, RefusesToOverwriteItsInputHoweverSpelled) {
@@ -417,4 +672,23 @@ TEST(CliQuantize, AnInterruptRemovesThePartialOutput) {
   }
   EXPECT_EQ(interrupted, 2) << "never caught quantize while it wrote " << part;
   fs::remove_all(dir);
+}
+
+// ---- stdout and stderr in one pipe ---------------------------------------------------------------
+
+TEST(CliOutput, TheStatsLineStartsOnItsOwnLineInAPipe) {
+  const std::string m = mbtest::fixture("e2b_like");
+  for (const std::string args : {"-n 6 --ignore-eos", "-n 6 --ignore-eos --print-ids"}) {
+    const auto r = run_shell(kCli + " generate -m " + m + " --tokens 2,10,20,30 " + args + " 2>&1 | cat");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const size_t stats = r.out.find("prompt 4 tokens in ");
+    ASSERT_NE(stats, std::string::npos) << r.out;
+    ASSERT_GT(stats, 0u);
+    EXPECT_EQ(r.out[stats - 1], '\n') << r.out;
+    // The text alone on stdout, ended by one newline.
+    const auto text = run_shell(kCli + " generate -m " + m + " --tokens 2,10,20,30 -n 6 --ignore-eos 2>/dev/null");
+    EXPECT_EQ(r.out.substr(0, stats), text.out);
+    ASSERT_FALSE(text.out.empty());
+    EXPECT_EQ(text.out.back(), '\n');
+  }
 }
