@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,7 +25,7 @@ struct SamplingParams {
   int top_k = 0;            // 0: off
   float top_p = 1.f;        // 1: off
   float min_p = 0.f;        // 0: off
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;  // none: a random seed, drawn per request (Result::seed reports it)
 };
 
 struct EngineOptions {
@@ -32,28 +33,36 @@ struct EngineOptions {
   std::string device = "cpu";  // cpu | cuda
   std::string dtype = "auto";  // auto (checkpoint's own) | f32 | bf16 | f16
   int threads = 0;             // 0: all cores
-  int64_t max_context = 0;     // 0: the model's maximum
+  int64_t max_context = 0;     // tokens a sequence may hold, prompt included; 0: the model's maximum
 };
 
 struct Request {
   std::vector<int32_t> prompt_tokens;  // used as given: no BOS is added
   std::string prompt;  // used when prompt_tokens is empty: tokenized with BOS, or as a chat turn
   bool chat = false;   // wrap `prompt` as one user turn in the model's chat template
+  std::string system_prompt;  // with chat: a system turn before the user turn (empty: none)
   bool enable_thinking = false;
   int max_new_tokens = 16;
   SamplingParams sampling;
   bool stop_at_eos = true;  // stop at the model's end-of-sequence / end-of-turn tokens
-  // Called with each new token and the complete UTF-8 text it finishes (may be empty while a
-  // character is split across byte tokens; empty when the model has no tokenizer). A last call
-  // with token -1 may deliver text still held back at the end. Return false to stop early.
+  // Stop strings: generation ends as soon as the generated text contains one (across token
+  // boundaries); Result::text then ends before it. Needs a tokenizer; each must be non-empty.
+  std::vector<std::string> stop;
+  // Called with each new token and the complete UTF-8 text it releases (may be empty while a
+  // character is split across byte tokens or while the text could be the start of a stop string;
+  // empty when the model has no tokenizer). The pieces add up to Result::text. A last call with
+  // token -1 may deliver text still held back at the end. Return false to stop early.
   std::function<bool(int32_t token, std::string_view text)> on_token;
 };
 
 struct Result {
   std::vector<int32_t> prompt_ids;  // the prompt as the model saw it
   std::vector<int32_t> tokens;  // new tokens only
-  std::string text;             // the new tokens decoded (stop token excluded)
-  std::string finish_reason;    // "length", "stop" (an end-of-sequence token) or "cancelled"
+  std::string text;             // the new tokens decoded (stop token and stop string excluded)
+  // "length" (max_new_tokens), "stop" (an end-of-sequence token or a stop string), "context" (the
+  // context is full: a prompt of n tokens gets at most max_context - n + 1 new ones) or "cancelled".
+  std::string finish_reason;
+  uint64_t seed = 0;  // the sampling seed used: SamplingParams::seed, or the one drawn for it
   int64_t prompt_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
 };

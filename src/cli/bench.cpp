@@ -9,6 +9,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -28,6 +29,8 @@
 #include "backends/cpu/qmatmul.h"
 #include "backends/profiling_backend.h"
 #include "cli/commands.h"
+#include "cli/files.h"
+#include "cli/flags.h"
 #include "core/error.h"
 #include "core/mmap.h"
 #include "core/stats.h"
@@ -144,6 +147,9 @@ struct PhaseProfile {
   }
 };
 
+// --pp and --tg: a sequence's KV cache holds pp + tg + 1 positions.
+constexpr int kMaxBenchTokens = 1 << 20;
+
 struct BenchArgs {
   std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer;
   int pp = 512, tg = 128, reps = 3, threads = 0;
@@ -195,24 +201,23 @@ QuantType save_quant_type(const std::string& dtype) {
 
 void save_gguf(const Checkpoint& ck, const BenchArgs& a) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  MB_CHECK(a.model.empty() || !fs::equivalent(a.model, a.save, ec), "bench: --save must not overwrite -m {}", a.model);
   const QuantType q = a.synthetic.empty() ? save_quant_type(a.dtype) : QuantType::Keep;
   const std::string tok = !a.synthetic.empty() ? synthetic_tokenizer_path(a.tokenizer) : a.tokenizer;
   const auto t0 = Clock::now();
   std::fprintf(stderr, "bench: saving %s ...\n", a.save.c_str());
-  // Written to a temporary name and renamed at the end, so a failure never leaves a truncated file.
-  const std::string tmp = a.save + ".part";
+  // Written as FILE.part and renamed at the end: a failure or Ctrl-C never leaves a truncated file.
+  PartialOutput part(a.save);
   // In a child process, so that what the export allocates (the tokenizer's JSON, re-encoded
   // tensors) never counts in the peak RSS this benchmark reports. The child shares the weights
   // copy-on-write and only reads them; export_gguf runs on the calling thread alone.
   std::fflush(nullptr);
-  const pid_t pid = fork();
-  MB_CHECK(pid >= 0, "bench --save: fork failed");
+  const pid_t parent = getpid(), pid = fork();
+  MB_CHECK(pid >= 0, "bench --save: fork failed: {}", std::strerror(errno));
   if (pid == 0) {
+    PartialOutput::die_with_parent(parent);
     int rc = 0;
     try {
-      export_gguf(ck, tmp, q, nullptr, tok);
+      export_gguf(ck, part.temp_path(), q, nullptr, tok);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
       rc = 1;
@@ -223,12 +228,10 @@ void save_gguf(const Checkpoint& ck, const BenchArgs& a) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fs::remove(tmp, ec);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail("bench --save: writing {} failed{}", a.save,
          WIFSIGNALED(status) ? fmt::format(" (signal {})", WTERMSIG(status)) : std::string());
-  }
-  fs::rename(tmp, a.save);
+  part.commit();
   rusage child{};
   getrusage(RUSAGE_CHILDREN, &child);
   std::fprintf(stderr, "bench: wrote %s (%.1f MB) in %.1f s (peak RSS of the export: %.3f GB)\n", a.save.c_str(),
@@ -245,6 +248,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 }
 
 void run_bench(const BenchArgs& a) {
+  if (const std::string w = threads_warning(a.threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
   if (a.threads > 0) ThreadPool::set_global_threads(a.threads);
   const int threads = ThreadPool::global().size();
   if (a.membw) {
@@ -261,10 +265,11 @@ void run_bench(const BenchArgs& a) {
     if (a.model.empty() && a.synthetic.empty()) return;
   }
   MB_CHECK(a.model.empty() != a.synthetic.empty(), "bench: give exactly one of -m PATH or --synthetic NAME");
+  if (!a.save.empty()) check_output_path(a.model, a.save, "bench --save");
   MB_CHECK(a.pp >= 0 && a.tg >= 0 && (a.pp + a.tg > 0 || !a.save.empty()) && a.reps > 0,
            "bench: --pp/--tg must be >= 0, not both 0 (except with --save: save only)");
-  std::vector<int32_t> batches = parse_token_list(a.batches);
-  for (int32_t b : batches) MB_CHECK(b >= 1 && b <= 1024, "bench: batch size {} out of range", b);
+  std::vector<int32_t> batches = parse_token_list(a.batches, "--batch");
+  for (int32_t b : batches) MB_CHECK(b >= 1 && b <= 1024, "--batch: batch size {} is not from 1 to 1024", b);
 
   bool keep = a.dtype == "auto";
   const std::optional<DType> named = keep ? DType::BF16 : weight_dtype_from_name(a.dtype);
@@ -408,9 +413,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file");
   cmd->add_option("--synthetic", a->synthetic, "random weights with the shapes of a Gemma 4 size (tiny: for tests)")
       ->check(CLI::IsMember(synthetic_model_names()));
-  cmd->add_option("--pp", a->pp, "prompt tokens per sequence (default 512)");
-  cmd->add_option("--tg", a->tg, "generated tokens per sequence (default 128)");
-  cmd->add_option("--batch", a->batches, "batch sizes, comma-separated (default 1)");
+  cmd->add_option("--pp", a->pp, "prompt tokens per sequence")->check(whole_number(0, kMaxBenchTokens));
+  cmd->add_option("--tg", a->tg, "generated tokens per sequence")->check(whole_number(0, kMaxBenchTokens));
+  cmd->add_option("--batch", a->batches, "batch sizes from 1 to 1024, comma-separated");
   cmd->add_option("--dtype", a->dtype,
                   "weight dtype: auto (the checkpoint's; bf16 for --synthetic), f32, bf16, f16, q8_0, q4_0, q4_k "
                   "(block types: rows that are not whole blocks stay bf16)");
@@ -418,11 +423,13 @@ void register_bench(CLI::App& app) {
                   "write the weights benchmarked to this .gguf first (llama.cpp runs it), then benchmark");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json for --save (default for --synthetic: ../shared/data/tokenizer/gemma4-tokenizer.json)");
-  cmd->add_option("--threads", a->threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--reps", a->reps, "repetitions; the median is reported (default 3)");
+  add_threads_option(cmd, a->threads);
+  cmd->add_option("--reps", a->reps, "repetitions; the median is reported")->check(whole_number(1, 1000000));
   cmd->add_flag("--json", a->json, "one JSON object per line per batch size");
   cmd->add_flag("--membw", a->membw, "measure memory read bandwidth");
-  cmd->add_option("--membw-mb", a->membw_mb, "size of the --membw probe's buffer in MiB (default: 1 GiB and at least 20x the L2+L3 caches)");
+  cmd->add_option("--membw-mb", a->membw_mb,
+                  "size of the --membw probe's buffer in MiB, at least 64 (0: 1 GiB and at least 20x the L2+L3 caches)")
+      ->check(whole_number(0, int64_t(1) << 24));
   cmd->add_flag("--profile", a->profile,
                 "time every backend op and print, per prompt and per decode step, where the time went (stderr)");
   cmd->callback([a] { run_bench(*a); });

@@ -1,28 +1,30 @@
 #include "cli/commands.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
-
-#include <fmt/ranges.h>
-
-#include "core/error.h"
-#include "markbase/markbase.h"
-#include "runtime/text.h"
-#include "models/checkpoint.h"
-#include "models/gguf_export.h"
-
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "cli/files.h"
+#include "cli/flags.h"
+#include "core/error.h"
+#include "core/printable.h"
+#include "core/thread_pool.h"
+#include "models/checkpoint.h"
+#include "models/gguf_export.h"
+#include "markbase/markbase.h"
+#include "runtime/text.h"
 
 namespace mb::cli {
 
-std::vector<int32_t> parse_token_list(const std::string& s) {
+std::vector<int32_t> parse_token_list(const std::string& s, const char* flag) {
   std::vector<int32_t> out;
   size_t i = 0;
   while (i <= s.size()) {
@@ -31,7 +33,7 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
     std::string item = s.substr(i, j - i);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
-    MB_CHECK(!item.empty(), "--tokens: empty entry in '{}'", s);
+    MB_CHECK(!item.empty(), "{}: empty entry in '{}'", flag, printable(s, 60));
     size_t used = 0;
     long long v = 0;
     try {
@@ -39,7 +41,8 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
     } catch (...) {
       used = 0;
     }
-    MB_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "--tokens: '{}' is not a token id", item);
+    MB_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "{}: '{}' is not a whole number from 0 to {}", flag,
+             printable(item, 40), INT32_MAX);
     out.push_back(int32_t(v));
     i = j + 1;
   }
@@ -65,6 +68,7 @@ struct ModelArgs {
   std::string device = "cpu";
   std::string dtype = "auto";
   int threads = 0;
+  int64_t context = 0;
 
   void add(CLI::App* cmd, bool runtime_flags) {
     cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
@@ -76,71 +80,135 @@ struct ModelArgs {
             dtypes.insert(dtypes.begin(), "auto");
             return dtypes;
           }()));
-      cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
+      add_threads_option(cmd, threads);
+      cmd->add_option("-c,--ctx", context, "context size in tokens, prompt included (0: the model's maximum)")
+          ->check(whole_number(0));
     }
   }
-  markbase::EngineOptions engine_options() const {
+  // Warns when the threads asked for far exceed the cores, then loads the model.
+  std::unique_ptr<markbase::Engine> open_engine() const {
+    if (const std::string w = threads_warning(threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
     markbase::EngineOptions o;
     o.model_path = model.empty() ? default_model_path() : model;
     o.device = device;
     o.dtype = dtype;
     o.threads = threads;
-    return o;
+    o.max_context = context;
+    return markbase::Engine::open(o);
   }
 };
 
 nlohmann::ordered_json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MB_CHECK(in.good(), "cannot open {}", path);
+  const std::string text = read_file(path, "JSON file");
   try {
-    return nlohmann::ordered_json::parse(in);
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
 }
 
-void print_ids(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
-  std::printf("%s\n", s.c_str());
+// A prompt from a file or stdin ("-"), without the one newline that ends a file or `echo`'s output.
+std::string read_prompt(const std::string& path) {
+  std::string s = read_file(path, "prompt file");
+  if (!s.empty() && s.back() == '\n') s.pop_back();
+  if (!s.empty() && s.back() == '\r') s.pop_back();
+  MB_CHECK(!s.empty(), "the prompt read from {} is empty", path == "-" ? "stdin" : path);
+  return s;
 }
+
+// What --verbose prints before generating: every option as it was resolved.
+void print_resolved(const markbase::Engine& engine, const markbase::Request& req, const std::string& prompt_source,
+                    bool random_seed) {
+  const auto& i = engine.info();
+  const auto& sp = req.sampling;
+  std::string prompt = req.prompt_tokens.empty()
+                           ? fmt::format("{} bytes of text from {}", req.prompt.size(), prompt_source)
+                           : fmt::format("{} token ids", req.prompt_tokens.size());
+  if (req.chat) prompt += ", as a user turn of the chat template";
+  if (!req.system_prompt.empty()) prompt += fmt::format(" after a system turn ({} bytes)", req.system_prompt.size());
+  std::vector<std::string> stops;
+  for (const std::string& s : req.stop) stops.push_back("\"" + printable(s, 60) + "\"");
+  if (stops.empty()) stops.push_back("none");
+  std::string out = fmt::format("model:       {} ({}, weights {})\n", i.path, i.architecture, i.weight_dtype);
+  out += fmt::format("threads:     {}\ncontext:     {} tokens\nprompt:      {}\n", mb::ThreadPool::global().size(),
+                     i.max_context, prompt);
+  out += fmt::format("generate:    up to {} tokens; stop at end of turn: {}; stop strings: {}\n", req.max_new_tokens,
+                     req.stop_at_eos ? "yes" : "no", fmt::join(stops, ", "));
+  out += sp.temperature <= 0 ? std::string("sampling:    greedy\n")
+                             : fmt::format("sampling:    temperature {:g}, top-k {}, top-p {:g}, min-p {:g}\n",
+                                           sp.temperature, sp.top_k, sp.top_p, sp.min_p);
+  out += fmt::format("seed:        {}{}\n", *sp.seed, random_seed ? " (random: --seed with it repeats the run)" : "");
+  std::fputs(out.c_str(), stderr);
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+void print_ids(const std::vector<int32_t>& ids) { std::printf("%s\n", join_ids(ids).c_str()); }
 
 }  // namespace
 
+void add_threads_option(CLI::App* cmd, int& threads) {
+  cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(whole_number(0, kMaxThreads));
+}
+
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt");
-  auto args = std::make_shared<ModelArgs>();
-  auto prompt = std::make_shared<std::string>();
-  auto tokens = std::make_shared<std::string>();
-  auto n = std::make_shared<int>(32);
-  auto chat = std::make_shared<bool>(false);
-  auto print_ids_flag = std::make_shared<bool>(false);
-  auto ignore_eos = std::make_shared<bool>(false);
-  auto sp = std::make_shared<markbase::SamplingParams>();
-  args->add(cmd, true);
-  auto* p_opt = cmd->add_option("-p,--prompt", *prompt, "prompt text");
-  auto* t_opt = cmd->add_option("--tokens", *tokens, "prompt token ids, comma-separated (used as given)");
-  p_opt->excludes(t_opt);
-  cmd->add_option("-n,--n-predict", *n, "tokens to generate")->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--chat", *chat, "wrap the prompt in the model's chat template");
-  cmd->add_option("--temperature", sp->temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", sp->top_k, "0 = off")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", sp->top_p, "1 = off")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", sp->min_p, "0 = off")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", sp->seed, "sampling seed");
-  cmd->add_flag("--print-ids", *print_ids_flag, "print the new token ids, comma-separated, as the last line");
-  cmd->add_flag("--ignore-eos", *ignore_eos, "keep generating past end-of-sequence / end-of-turn tokens");
-  cmd->callback([=] {
-    MB_CHECK(!prompt->empty() || !tokens->empty(), "generate: give a prompt with -p TEXT or --tokens IDS");
-    MB_CHECK(tokens->empty() || !*chat, "generate: --chat needs -p TEXT, not --tokens");
-    auto engine = markbase::Engine::open(args->engine_options());
+  struct Args {
+    ModelArgs model;
+    std::string prompt, file, tokens, system, seed;
+    std::vector<std::string> stop;
+    int n = 32;
+    bool chat = false, print_ids = false, ignore_eos = false, verbose = false;
+    markbase::SamplingParams sampling;
+  };
+  auto a = std::make_shared<Args>();
+  a->model.add(cmd, true);
+  auto* p_opt = cmd->add_option("-p,--prompt", a->prompt, "prompt text (-: read it from stdin)");
+  auto* f_opt = cmd->add_option("-f,--file", a->file, "read the prompt from this file");
+  auto* t_opt = cmd->add_option("--tokens", a->tokens, "prompt token ids, comma-separated (used as given)");
+  p_opt->excludes(f_opt)->excludes(t_opt);
+  f_opt->excludes(t_opt);
+  cmd->add_option("-n,--n-predict", a->n, "tokens to generate, at most")->check(whole_number(0, INT_MAX));
+  auto* chat = cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--system", a->system, "system prompt: a turn before the user's (with --chat)")->needs(chat);
+  cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy")
+      ->check(real_number(0, std::numeric_limits<double>::infinity()));
+  cmd->add_option("--top-k", a->sampling.top_k, "0 = off")->check(whole_number(0, INT_MAX));
+  cmd->add_option("--top-p", a->sampling.top_p, "1 = off")->check(real_number(0, 1, /*lo_open=*/true));
+  cmd->add_option("--min-p", a->sampling.min_p, "0 = off")->check(real_number(0, 1));
+  cmd->add_option("--seed", a->seed, "sampling seed (-1: random; --verbose prints it)")
+      ->type_name("INT")
+      ->check(seed_value())
+      ->default_str("random");
+  cmd->add_option("--stop", a->stop, "stop once the text contains STR, which is left out (repeatable)")
+      ->type_name("STR");
+  cmd->add_flag("--print-ids", a->print_ids, "print the new token ids, comma-separated, as the last line");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence / end-of-turn tokens");
+  cmd->add_flag("--verbose", a->verbose, "print the options as resolved (the seed among them) and the prompt's ids");
+  cmd->callback([a] {
     markbase::Request req;
-    if (!tokens->empty()) req.prompt_tokens = parse_token_list(*tokens);
-    req.prompt = *prompt;
-    req.chat = *chat;
-    req.max_new_tokens = *n;
-    req.sampling = *sp;
-    req.stop_at_eos = !*ignore_eos;
+    std::string source = "-p";
+    req.prompt = a->prompt;
+    if (!a->file.empty() || a->prompt == "-") {
+      source = a->file.empty() ? "stdin" : a->file;
+      req.prompt = read_prompt(a->file.empty() ? "-" : a->file);
+    }
+    MB_CHECK(!req.prompt.empty() || !a->tokens.empty(),
+             "generate: give a prompt with -p TEXT or --tokens IDS, or -f FILE");
+    MB_CHECK(a->tokens.empty() || !a->chat, "generate: --chat needs a text prompt (-p or -f), not --tokens");
+    if (!a->tokens.empty()) req.prompt_tokens = parse_token_list(a->tokens);
+    req.chat = a->chat;
+    req.system_prompt = a->system;
+    req.max_new_tokens = a->n;
+    req.stop = a->stop;
+    req.stop_at_eos = !a->ignore_eos;
+    req.sampling = a->sampling;
+    // Drawn here rather than left to the engine, so that --verbose shows it before the run.
+    req.sampling.seed = parse_seed(a->seed);
+    const bool random_seed = !req.sampling.seed;
+    if (random_seed) req.sampling.seed = uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+    auto engine = a->model.open_engine();
+    if (a->verbose) print_resolved(*engine, req, source, random_seed);
     // Text streams as it is produced; a model without a tokenizer prints ids instead.
     const bool text = engine->has_tokenizer();
     req.on_token = [&](int32_t tok, std::string_view piece) {
@@ -150,11 +218,14 @@ void register_generate(CLI::App& app) {
       return true;
     };
     markbase::Result r = engine->generate(req);
+    // The text's line ends before the stats line starts, also where stdout and stderr share a pipe.
     std::printf("\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "prompt %lld tokens in %.3f s | %zu new tokens in %.3f s (%.2f tok/s) | finish: %s\n",
                  (long long)r.prompt_tokens, r.prefill_seconds, r.tokens.size(), r.decode_seconds,
                  r.decode_seconds > 0 ? double(r.tokens.size()) / r.decode_seconds : 0.0, r.finish_reason.c_str());
-    if (*print_ids_flag) print_ids(r.tokens);
+    if (a->verbose) std::fprintf(stderr, "prompt ids: %s\n", join_ids(r.prompt_ids).c_str());
+    if (a->print_ids) print_ids(r.tokens);
   });
 }
 
@@ -168,15 +239,13 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--tokens", *tokens, "token ids, comma-separated (used as given)")->required();
   cmd->add_option("-o,--output", *out, "output file")->required();
   cmd->add_option("--chunk", *chunk, "tokens per forward step (0: one prefill; 1: token by token)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, INT_MAX));
   cmd->callback([=] {
-    auto engine = markbase::Engine::open(args->engine_options());
-    std::vector<float> logits = engine->prompt_logits(parse_token_list(*tokens), *chunk);
-    std::ofstream f(*out, std::ios::binary | std::ios::trunc);
-    MB_CHECK(f.good(), "cannot open {} for writing", *out);
-    f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
-    f.close();
-    MB_CHECK(f.good(), "error writing {}", *out);
+    const std::vector<int32_t> ids = parse_token_list(*tokens);
+    auto engine = args->open_engine();
+    write_file(*out, nullptr, 0);  // an output that cannot be written fails before the model runs
+    std::vector<float> logits = engine->prompt_logits(ids, *chunk);
+    write_file(*out, logits.data(), logits.size() * sizeof(float));
     std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", logits.size() / size_t(engine->info().vocab_size),
                  (long long)engine->info().vocab_size, out->c_str());
   });
@@ -236,16 +305,16 @@ void register_quantize(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"f32", "bf16", "q8_0", "q4_0", "q4_k_m"}));
   cmd->callback([a] {
-    MB_CHECK(std::filesystem::absolute(a->in) != std::filesystem::absolute(a->out), "quantize: OUT must differ from IN");
+    check_output_path(a->in, a->out, "quantize");
     auto ck = mb::open_checkpoint(a->in);
     const auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    // Written to a temporary name and renamed at the end, so a failure never leaves a truncated OUT.
-    const std::string tmp = a->out + ".part";
+    // Written as OUT.part and renamed at the end: a failure or Ctrl-C never leaves a truncated OUT.
+    PartialOutput part(a->out);
     try {
       const bool tty = isatty(2);
       double last = -1;
-      mb::export_gguf(*ck, tmp, mb::parse_quant_type(a->type), [&](const mb::ExportProgress& p) {
+      mb::export_gguf(*ck, part.temp_path(), mb::parse_quant_type(a->type), [&](const mb::ExportProgress& p) {
         const double s = elapsed();
         if (p.done != p.total && (!tty || s - last < 0.1)) return;  // a redraw at most every 0.1 s
         last = s;
@@ -253,11 +322,10 @@ void register_quantize(CLI::App& app) {
                      s > 0 ? double(p.done) / s : 0.0, p.tensor.c_str());
       });
     } catch (...) {
-      std::filesystem::remove(tmp);
       std::fprintf(stderr, "\n");
       throw;
     }
-    std::filesystem::rename(tmp, a->out);
+    part.commit();
     std::fprintf(stderr, "\nwrote %s (%s, %.1f MB) in %.1f s\n", a->out.c_str(), a->type.c_str(),
                  double(std::filesystem::file_size(a->out)) / 1e6, elapsed());
   });
@@ -268,7 +336,7 @@ void register_info(CLI::App& app) {
   auto args = std::make_shared<ModelArgs>();
   args->add(cmd, false);
   cmd->callback([=] {
-    auto engine = markbase::Engine::open(args->engine_options());
+    auto engine = args->open_engine();
     const auto& i = engine->info();
     std::printf("path:         %s\narchitecture: %s (%s, family %s)\nweights:      %s, %.2f MB\n%s", i.path.c_str(),
                 i.architecture.c_str(), i.model_type.c_str(), i.family.c_str(), i.weight_dtype.c_str(),

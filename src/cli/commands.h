@@ -16,7 +16,11 @@ void register_quantize(CLI::App& app);
 // $MARKBASE_MODEL, else the Gemma 3 270M GGUF that tools/setup.sh installs; throws if absent.
 std::string default_model_path();
 
-// "2,17,44" -> {2, 17, 44}; throws mb::Error on anything else.
-std::vector<int32_t> parse_token_list(const std::string& s);
+// "2,17,44" -> {2, 17, 44}; throws mb::Error naming `flag` on anything else.
+std::vector<int32_t> parse_token_list(const std::string& s, const char* flag = "--tokens");
+
+// --threads N, the same for every subcommand that runs a model.
+constexpr int kMaxThreads = 4096;
+void add_threads_option(CLI::App* cmd, int& threads);
 
 }  // namespace mb::cli

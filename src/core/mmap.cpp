@@ -26,9 +26,14 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open {}: {}", path, std::strerror(errno));
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    fail("{} is not a regular file", path);
+    fail("cannot read {}: {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{} is not a regular file{}", path, S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
   }
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;

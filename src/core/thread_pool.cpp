@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <exception>
+#include <system_error>
 #include <unordered_map>
 
 #if defined(__linux__)
@@ -17,6 +18,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+
+#include "core/error.h"
 
 namespace mb {
 
@@ -88,7 +91,20 @@ ThreadPool::ThreadPool(int n_threads) {
   // regions (or the shutdown) posted before it ran.
   const uint32_t seen = ctl_.tag.load();
   slots_ = std::vector<Slot>(size_t(n_threads));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i, seen] { worker_loop(i, seen); });
+  workers_.reserve(size_t(n_threads - 1));
+  try {
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i, seen] { worker_loop(i, seen); });
+  } catch (const std::system_error& e) {
+    // The system refused a thread (a process or memory limit): the ones started are told to stop
+    // and joined, as a std::thread destroyed while joinable would terminate the process.
+    const size_t started = workers_.size() + 1;  // the caller's thread is one of the n
+    stop_.store(true);
+    ctl_.tag.fetch_add(2);
+    futex_wake(ctl_.tag, INT_MAX);
+    for (auto& t : workers_) t.join();
+    fail("cannot start {} threads: {} started, then the system refused another ({}); ask for fewer threads", n_threads,
+         started, e.code().message());
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -1,11 +1,15 @@
 #include "formats/gguf.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "core/tensor.h"
 
 namespace mb {
@@ -107,7 +111,7 @@ class Cursor {
 
 GgufType read_type(Cursor& c, const std::string& file, const std::string& key, std::string_view what) {
   const uint32_t t = c.read<uint32_t>(what);
-  MB_CHECK(known_type(t), "{}: metadata key '{}' has unknown {} {} (known: 0..12)", file, key, what, t);
+  MB_CHECK(known_type(t), "{}: metadata key '{}' has unknown {} {} (known: 0..12)", file, printable(key), what, t);
   return GgufType(t);
 }
 
@@ -123,13 +127,14 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& file, const st
     v.bits = load_bits(c.take(n, "a scalar value"), n);
     return v;
   }
-  MB_CHECK(depth < kMaxArrayDepth, "{}: metadata key '{}' nests arrays more than {} deep", file, key, kMaxArrayDepth);
+  MB_CHECK(depth < kMaxArrayDepth, "{}: metadata key '{}' nests arrays more than {} deep", file, printable(key),
+           kMaxArrayDepth);
   v.elem = read_type(c, file, key, "array element type");
   const uint64_t count = c.read<uint64_t>("an array length");
   const size_t min = min_encoded_size(v.elem);
   MB_CHECK(count <= c.remaining() / min,
            "{}: metadata key '{}' claims {} array elements of type {}, more than the {} bytes left in the file hold",
-           file, key, count, gguf_type_name(v.elem), c.remaining());
+           file, printable(key), count, gguf_type_name(v.elem), c.remaining());
   if (v.elem == GgufType::STRING) {
     v.str_ends.reserve(size_t(count));
     for (uint64_t i = 0; i < count; ++i) {
@@ -423,7 +428,7 @@ std::vector<std::string> GgufValue::strings() const {
 }
 
 std::string GgufValue::describe() const {
-  auto quote = [](const std::string& s) { return "\"" + (s.size() > 60 ? s.substr(0, 60) + "..." : s) + "\""; };
+  auto quote = [](std::string_view s) { return "\"" + printable(s, 60) + "\""; };
   switch (type) {
     case GgufType::STRING: return "STRING " + quote(str);
     case GgufType::BOOL: return bits ? "BOOL true" : "BOOL false";
@@ -433,7 +438,7 @@ std::string GgufValue::describe() const {
       std::string s = fmt::format("ARRAY of {} {} [", n, gguf_type_name(elem));
       for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) {
         if (i) s += ", ";
-        if (elem == GgufType::STRING) s += quote(std::string(string_at(i)));
+        if (elem == GgufType::STRING) s += quote(string_at(i));
         else if (elem == GgufType::ARRAY) s += items[i].describe();
         else if (elem == GgufType::BOOL) s += bool_at(i) ? "true" : "false";
         else if (elem == GgufType::F32 || elem == GgufType::F64) s += fmt::format("{}", float_at(i));
@@ -513,7 +518,7 @@ void GgufFile::parse_all(const uint8_t* data, size_t size) {
     std::string key = c.read_string("a metadata key");
     const GgufType t = read_type(c, f, key, "value type");
     GgufValue v = read_value(c, t, f, key, 0);
-    MB_CHECK(kv_index_.emplace(key, kv_.size()).second, "{}: metadata key '{}' appears twice", f, key);
+    MB_CHECK(kv_index_.emplace(key, kv_.size()).second, "{}: metadata key '{}' appears twice", f, printable(key));
     kv_.emplace_back(std::move(key), std::move(v));
   }
 
@@ -529,28 +534,30 @@ void GgufFile::parse_all(const uint8_t* data, size_t size) {
     GgufTensorInfo ti;
     ti.name = c.read_string("a tensor name");
     const uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
-    MB_CHECK(n_dims <= kMaxDims, "{}: tensor '{}' has {} dimensions (at most {})", f, ti.name, n_dims, kMaxDims);
+    MB_CHECK(n_dims <= kMaxDims, "{}: tensor '{}' has {} dimensions (at most {})", f, printable(ti.name), n_dims,
+             kMaxDims);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = c.read<uint64_t>("a tensor dimension");
       MB_CHECK(ne <= uint64_t(std::numeric_limits<int64_t>::max()) && (ne == 0 || numel <= (uint64_t(1) << 62) / ne),
-               "{}: tensor '{}' has dimensions that overflow (dimension {} = {})", f, ti.name, d, ne);
+               "{}: tensor '{}' has dimensions that overflow (dimension {} = {})", f, printable(ti.name), d, ne);
       numel *= ne;
       ti.ne.push_back(ne);
     }
     ti.ggml_type = c.read<uint32_t>("tensor type");
     if (!ggml_type_to_dtype(ti.ggml_type, ti.dtype))
-      fail("{}: tensor '{}' has type {} ({}), which MarkBase does not support (supported: {})", f, ti.name,
+      fail("{}: tensor '{}' has type {} ({}), which MarkBase does not support (supported: {})", f, printable(ti.name),
            ggml_type_name(ti.ggml_type), ti.ggml_type, supported_ggml_types());
     ti.offset = c.read<uint64_t>("tensor data offset");
     const uint64_t inner = ti.ne.empty() ? 1 : ti.ne[0];
     const int64_t bs = dtype_block_size(ti.dtype);
     MB_CHECK(inner % uint64_t(bs) == 0, "{}: tensor '{}' of type {} has rows of {} elements, not a multiple of its block size {}",
-             f, ti.name, dtype_name(ti.dtype), inner, bs);
+             f, printable(ti.name), dtype_name(ti.dtype), inner, bs);
     ti.nbytes = numel / uint64_t(bs) * dtype_block_bytes(ti.dtype);  // numel < 2^62, block bytes <= 210
     MB_CHECK(ti.offset % alignment_ == 0, "{}: tensor '{}' data offset {} is not a multiple of the alignment {}", f,
-             ti.name, ti.offset, alignment_);
-    MB_CHECK(tensor_index_.emplace(ti.name, tensors_.size()).second, "{}: tensor '{}' appears twice", f, ti.name);
+             printable(ti.name), ti.offset, alignment_);
+    MB_CHECK(tensor_index_.emplace(ti.name, tensors_.size()).second, "{}: tensor '{}' appears twice", f,
+             printable(ti.name));
     tensors_.push_back(std::move(ti));
   }
 
@@ -564,7 +571,7 @@ void GgufFile::parse_all(const uint8_t* data, size_t size) {
     MB_CHECK(ti.offset <= data_size && ti.nbytes <= data_size - ti.offset,
              "{}: tensor '{}' data [{}, {}) lies outside the data section ({} bytes from offset {}); the file is "
              "truncated or corrupt",
-             f, ti.name, ti.offset, ti.offset + ti.nbytes, data_size, data_offset_);
+             f, printable(ti.name), ti.offset, ti.offset + ti.nbytes, data_size, data_offset_);
     ti.data = data + data_offset_ + ti.offset;
     if (ti.nbytes) by_offset.push_back(&ti);
   }
@@ -572,8 +579,8 @@ void GgufFile::parse_all(const uint8_t* data, size_t size) {
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const GgufTensorInfo& a = *by_offset[i - 1];
     const GgufTensorInfo& b = *by_offset[i];
-    MB_CHECK(a.offset + a.nbytes <= b.offset, "{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", f, a.name,
-             a.offset, a.offset + a.nbytes, b.name, b.offset, b.offset + b.nbytes);
+    MB_CHECK(a.offset + a.nbytes <= b.offset, "{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", f,
+             printable(a.name), a.offset, a.offset + a.nbytes, printable(b.name), b.offset, b.offset + b.nbytes);
   }
 }
 
@@ -584,7 +591,7 @@ const GgufValue* GgufFile::find(const std::string& key) const {
 
 const GgufValue& GgufFile::get(const std::string& key) const {
   const GgufValue* v = find(key);
-  if (!v) fail("{}: missing metadata key '{}'", path_, key);
+  if (!v) fail("{}: missing metadata key '{}'", path_, printable(key));
   return *v;
 }
 
@@ -635,16 +642,17 @@ void GgufWriter::set(const std::string& key, GgufValue v) {
 
 size_t GgufWriter::check_tensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
   MB_CHECK(!name.empty() && name.size() < 64, "GGUF tensor name '{}' must have 1 to 63 bytes (llama.cpp's limit)",
-           name);
-  for (auto& t : tensors_) MB_CHECK(t.name != name, "GGUF tensor '{}' added twice", name);
-  MB_CHECK(shape.size() <= kMaxDims, "GGUF tensor '{}' has {} dimensions (at most {})", name, shape.size(), kMaxDims);
+           printable(name));
+  for (auto& t : tensors_) MB_CHECK(t.name != name, "GGUF tensor '{}' added twice", printable(name));
+  MB_CHECK(shape.size() <= kMaxDims, "GGUF tensor '{}' has {} dimensions (at most {})", printable(name), shape.size(),
+           kMaxDims);
   dtype_to_ggml_type(dtype);
   Tensor t;
   t.dtype = dtype;
   t.shape = shape;
-  for (int64_t d : shape) MB_CHECK(d >= 0, "GGUF tensor '{}' has a negative dimension", name);
+  for (int64_t d : shape) MB_CHECK(d >= 0, "GGUF tensor '{}' has a negative dimension", printable(name));
   MB_CHECK(t.cols() % dtype_block_size(dtype) == 0, "GGUF tensor '{}': rows of {} elements are not whole {} blocks",
-           name, t.cols(), dtype_name(dtype));
+           printable(name), t.cols(), dtype_name(dtype));
   return t.nbytes();
 }
 
@@ -710,17 +718,20 @@ std::string GgufWriter::bytes() const {
 
 void GgufWriter::write(const std::string& path) const {
   const uint64_t alignment = this->alignment();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  MB_CHECK(out.good(), "cannot create {}", path);
+  // stdio, not iostreams: its failures set errno, so the message can say why (no space left ...).
+  std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(path.c_str(), "wb"), std::fclose);
+  if (!out) fail("cannot open {} for writing: {}", path, std::strerror(errno));
+  auto put = [&](const void* p, size_t n) {
+    if (n > 0 && std::fwrite(p, 1, n, out.get()) != n) fail("error writing {}: {}", path, std::strerror(errno));
+  };
   const std::string h = header();
-  out.write(h.data(), std::streamsize(h.size()));
+  put(h.data(), h.size());
   const std::string zeros(size_t(alignment), '\0');
   for (auto& t : tensors_) {
-    out.write(reinterpret_cast<const char*>(t.data), std::streamsize(t.nbytes));
-    out.write(zeros.data(), std::streamsize(align_up(t.nbytes, alignment) - t.nbytes));
+    put(t.data, t.nbytes);
+    put(zeros.data(), size_t(align_up(t.nbytes, alignment) - t.nbytes));
   }
-  out.close();
-  MB_CHECK(out.good(), "error writing {}", path);
+  if (std::fclose(out.release()) != 0) fail("error writing {}: {}", path, std::strerror(errno));
 }
 
 }  // namespace mb

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "formats/gguf.h"
 #include "models/hf_config.h"
 
@@ -48,7 +49,7 @@ const Architecture& architecture_for_gguf(const GgufFile& f) {
     if (arch->gguf_architecture() == a.str) return *arch;
     supported.push_back(arch->gguf_architecture());
   }
-  fail("{}: unsupported GGUF architecture '{}' (supported: {})", f.path(), a.str, fmt::join(supported, ", "));
+  fail("{}: unsupported GGUF architecture '{}' (supported: {})", f.path(), printable(a.str), fmt::join(supported, ", "));
 }
 
 namespace {

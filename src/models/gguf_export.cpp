@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "core/quant.h"
 #include "formats/gguf.h"
 #include "models/architecture.h"
@@ -131,8 +132,8 @@ void export_gguf(const Checkpoint& ck, const std::string& out_path, QuantType q,
       const std::string hf = arch.gguf_to_hf_name(t.name);
       if (hf.empty()) continue;  // derived from the config: written below
       const TensorEntry* e = ck.tensors.find(hf);
-      MB_CHECK(e != nullptr, "{}: tensor '{}' (registered as '{}') is missing from the loaded model", ck.path, t.name,
-               hf);
+      MB_CHECK(e != nullptr, "{}: tensor '{}' (registered as '{}') is missing from the loaded model", ck.path,
+               printable(t.name), printable(hf));
       todo.push_back({t.name, e});
     }
   } else {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <random>
 
 #include <fmt/ranges.h>
 
@@ -46,6 +47,56 @@ std::string describe_config(const mb::ModelConfig& c) {
   return s;
 }
 
+// A seed for a request that names none: from the OS's entropy, so that two runs differ.
+uint64_t random_seed() {
+  std::random_device rd;
+  return uint64_t(rd()) << 32 | rd();
+}
+
+// The generated text and how much of it the caller has been given. While stop strings are
+// watched for, text that could still become one is held back until a later token decides.
+class StreamedText {
+ public:
+  explicit StreamedText(const std::vector<std::string>& stops) : stops_(stops) {
+    for (const std::string& s : stops) longest_ = std::max(longest_, s.size());
+  }
+
+  // Appends `piece`; true when the text now contains a stop string (it is then cut before it).
+  bool append(std::string_view piece) {
+    // A stop string that was not there before ends inside the piece.
+    const size_t from = text_.size() >= longest_ ? text_.size() - longest_ + 1 : 0;
+    text_ += piece;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops_) cut = std::min(cut, text_.find(s, from));
+    if (cut == std::string::npos) return false;
+    text_.resize(cut);  // never before released_: the held-back suffix starts at or before `cut`
+    return true;
+  }
+
+  // The text not given yet that may be given now (all of it when `final`), marked as given.
+  std::string_view release(bool final) {
+    size_t end = text_.size();
+    if (!final)
+      for (const std::string& s : stops_)  // the longest end of the text that begins a stop string
+        for (size_t len = std::min(s.size() - 1, text_.size() - released_); len > 0; --len)
+          if (std::string_view(text_).substr(text_.size() - len) == std::string_view(s).substr(0, len)) {
+            end = std::min(end, text_.size() - len);
+            break;
+          }
+    const std::string_view out = std::string_view(text_).substr(released_, end - released_);
+    released_ = end;
+    return out;
+  }
+
+  std::string take() { return std::move(text_); }
+
+ private:
+  const std::vector<std::string>& stops_;
+  size_t longest_ = 1;
+  std::string text_;
+  size_t released_ = 0;
+};
+
 class LocalEngine final : public Engine {
  public:
   explicit LocalEngine(const EngineOptions& opts) : opts_(opts) {
@@ -69,7 +120,10 @@ class LocalEngine final : public Engine {
     ck_->gguf.reset();
     const auto& c = model_->config();
     max_context_ = c.max_position > 0 ? c.max_position : 8192;
-    if (opts.max_context > 0) max_context_ = std::min<int64_t>(max_context_, opts.max_context);
+    MB_CHECK(opts.max_context >= 0 && opts.max_context <= max_context_,
+             "context size {} is out of range: the model holds at most {} tokens (0: that maximum)", opts.max_context,
+             max_context_);
+    if (opts.max_context > 0) max_context_ = opts.max_context;
     info_.path = opts.model_path;
     info_.architecture = c.architecture;
     info_.model_type = c.model_type;
@@ -108,7 +162,7 @@ class LocalEngine final : public Engine {
     MB_CHECK(!tokens.empty(), "no tokens given");
     check_tokens(tokens);
     const int64_t n = int64_t(tokens.size());
-    MB_CHECK(n <= max_context_, "prompt of {} tokens exceeds the context size {}", n, max_context_);
+    check_fits(n);
     const int64_t step = chunk > 0 ? std::min<int64_t>(chunk, kMaxStep) : kMaxStep;
     mb::KVCache kv(model_->config(), *backend_, {1, n, step});
     std::vector<float> all, part;
@@ -125,18 +179,25 @@ class LocalEngine final : public Engine {
   Result generate(const Request& req) override {
     Result res;
     if (!req.prompt_tokens.empty()) res.prompt_ids = req.prompt_tokens;
-    else if (req.chat) res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking);
+    else if (req.chat)
+      res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking, req.system_prompt);
     else if (!req.prompt.empty()) res.prompt_ids = codec().encode(req.prompt, /*add_bos=*/true);
     MB_CHECK(!res.prompt_ids.empty(), "empty prompt: give text or at least one token");
+    MB_CHECK(req.system_prompt.empty() || (req.chat && req.prompt_tokens.empty()),
+             "a system prompt needs chat and a text prompt (not token ids)");
     MB_CHECK(req.max_new_tokens >= 0, "max_new_tokens must be >= 0");
+    for (const std::string& s : req.stop) MB_CHECK(!s.empty(), "a stop string must not be empty");
+    if (!req.stop.empty()) codec();  // stop strings are text: throws when there is no tokenizer
     check_tokens(res.prompt_ids);
     const std::vector<int32_t>& prompt_ids = res.prompt_ids;
     const int64_t n = int64_t(prompt_ids.size());
-    MB_CHECK(n < max_context_, "prompt of {} tokens does not fit the context size {}", n, max_context_);
+    check_fits(n);
+    // Positions n .. ctx - 1 take the tokens sampled before the last; the last one needs no row.
     const int64_t ctx = std::min<int64_t>(max_context_, n + req.max_new_tokens);
     mb::KVCache kv(model_->config(), *backend_, {1, ctx, kMaxStep});
-    mb::Sampler sampler({req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, req.sampling.min_p,
-                         req.sampling.seed});
+    res.seed = req.sampling.seed ? *req.sampling.seed : random_seed();
+    mb::Sampler sampler(
+        {req.sampling.temperature, req.sampling.top_k, req.sampling.top_p, req.sampling.min_p, res.seed});
     res.prompt_tokens = n;
     std::vector<float> logits;
     auto t0 = std::chrono::steady_clock::now();
@@ -152,14 +213,16 @@ class LocalEngine final : public Engine {
     int64_t pos = n;
     std::optional<mb::StreamingDecoder> detok;
     if (text_) detok.emplace(text_->tokenizer());
+    StreamedText text(req.stop);
+    bool cut = false;  // a stop string ended the text: what the decoder still holds came after it
     for (int i = 0; i < req.max_new_tokens; ++i) {
       check_finite(logits);
       int32_t tok = sampler.sample(logits);
       res.tokens.push_back(tok);
-      const bool stop = req.stop_at_eos && std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end();
-      std::string piece = detok && !stop ? detok->push(tok) : std::string();
-      res.text += piece;
-      if (req.on_token && !req.on_token(tok, piece)) {
+      const bool eos = req.stop_at_eos && std::find(stop_ids_.begin(), stop_ids_.end(), tok) != stop_ids_.end();
+      cut = text.append(detok && !eos ? detok->push(tok) : std::string());
+      const bool stop = cut || eos;
+      if (req.on_token && !req.on_token(tok, text.release(stop))) {
         res.finish_reason = "cancelled";
         break;
       }
@@ -168,22 +231,29 @@ class LocalEngine final : public Engine {
         break;
       }
       if (i + 1 == req.max_new_tokens) break;
-      if (pos >= ctx) break;
+      if (pos >= ctx) {
+        res.finish_reason = "context";
+        break;
+      }
       mb::Batch batch = single_sequence(std::span<const int32_t>(&tok, 1), pos, false);
       model_->forward(batch, kv, logits);
       ++pos;
     }
-    if (detok) {
-      std::string tail = detok->flush();
-      res.text += tail;
-      if (!tail.empty() && req.on_token) req.on_token(-1, tail);
-    }
+    if (detok && !cut && text.append(detok->flush()) && res.finish_reason != "cancelled") res.finish_reason = "stop";
+    const std::string_view rest = text.release(/*final=*/true);
+    if (!rest.empty() && req.on_token) req.on_token(-1, rest);
+    res.text = text.take();
     res.decode_seconds = seconds_since(t0);
     return res;
   }
 
  private:
   static constexpr int64_t kMaxStep = mb::kMaxStepTokens;
+
+  // generate and prompt_logits take the same prompts: up to max_context_ tokens.
+  void check_fits(int64_t n) const {
+    MB_CHECK(n <= max_context_, "prompt of {} tokens exceeds the context size {}", n, max_context_);
+  }
 
   void check_tokens(std::span<const int32_t> tokens) const {
     for (int32_t t : tokens)

@@ -105,9 +105,12 @@ std::vector<int32_t> TextCodec::encode_chat(const ChatTemplateInputs& in) const 
   return encode(render_chat(in), /*add_bos=*/true);
 }
 
-std::vector<int32_t> TextCodec::encode_user_prompt(const std::string& text, bool enable_thinking) const {
+std::vector<int32_t> TextCodec::encode_user_prompt(const std::string& text, bool enable_thinking,
+                                                   const std::string& system) const {
   ChatTemplateInputs in;
-  in.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
+  in.messages = nlohmann::ordered_json::array();
+  if (!system.empty()) in.messages.push_back({{"role", "system"}, {"content", system}});
+  in.messages.push_back({{"role", "user"}, {"content", text}});
   in.add_generation_prompt = true;
   in.enable_thinking = enable_thinking;
   return encode_chat(in);

@@ -32,8 +32,10 @@ class TextCodec {
   // The chat template's rendering, tokenized with exactly one BOS at the front.
   std::string render_chat(const ChatTemplateInputs& in) const;
   std::vector<int32_t> encode_chat(const ChatTemplateInputs& in) const;
-  // A single user turn, as `generate -p TEXT --chat` sends it.
-  std::vector<int32_t> encode_user_prompt(const std::string& text, bool enable_thinking = false) const;
+  // A single user turn, as `generate -p TEXT --chat` sends it, after a system turn when `system`
+  // is not empty.
+  std::vector<int32_t> encode_user_prompt(const std::string& text, bool enable_thinking = false,
+                                          const std::string& system = "") const;
 
   // Ids that end a reply: the model's end-of-sequence ids plus the template's end-of-turn tokens.
   std::vector<int32_t> stop_ids(const std::vector<int32_t>& model_eos) const;
