@@ -16,6 +16,6 @@ for flavour in release sanitize; do
   if [ "$flavour" = sanitize ]; then export MARKBASE_POISON_SCRATCH=1; else unset MARKBASE_POISON_SCRATCH; fi
   ctest --test-dir "$dir" --output-on-failure -j2 || status=1
 done
-echo "=== fuzzing the GGUF and safetensors parsers (30 s)"
-tools/fuzz.sh 30 || status=1
+echo "=== fuzzing the file, template, chat request and model output parsers (about 2 minutes)"
+tools/fuzz.sh 120 || status=1
 exit $status
