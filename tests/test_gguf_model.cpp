@@ -256,38 +256,50 @@ class GgufRealModel : public testing::Test {
   std::string path_;
 };
 
-TEST_F(GgufRealModel, ParsesEveryTensorAndKey) {
+// What gguf-py reads from the same file (tools/reference/make_gguf_facts.py).
+const nlohmann::json& facts() {
+  static const nlohmann::json f = mbtest::read_json(mbtest::fixture("gemma3_270m/gguf_facts.json"));
+  return f;
+}
+const nlohmann::json& meta(const std::string& key) { return facts()["metadata"][key]["value"]; }
+
+TEST_F(GgufRealModel, ParsesEveryTensorAndKeyAsGgufPyDoes) {
   auto f = GgufFile::open(path_);
-  EXPECT_EQ(f->version(), 3u);
-  EXPECT_EQ(f->metadata().size(), 33u);
-  EXPECT_EQ(f->tensors().size(), 236u);
+  EXPECT_EQ(f->version(), facts()["version"].get<uint32_t>());
+  EXPECT_EQ(f->metadata().size(), facts()["kv_count"].get<size_t>());
+  EXPECT_EQ(f->tensors().size(), facts()["tensor_count"].get<size_t>());
   std::map<std::string, int> types;
   for (auto& t : f->tensors()) ++types[std::string(dtype_name(t.dtype))];
-  EXPECT_EQ(types, (std::map<std::string, int>{{"F32", 109}, {"Q5_0", 81}, {"Q4_K", 27}, {"Q8_0", 10}, {"Q6_K", 9}}));
-  EXPECT_EQ(f->get("general.architecture").as_string(), "gemma3");
-  EXPECT_EQ(f->get("tokenizer.ggml.model").as_string(), "llama");
-  EXPECT_EQ(f->get("tokenizer.ggml.tokens").size(), 262144u);
-  EXPECT_EQ(f->get("tokenizer.ggml.tokens").strings()[106], "<end_of_turn>");
-  EXPECT_EQ(f->get("tokenizer.ggml.scores").size(), 262144u);
-  EXPECT_EQ(f->get("tokenizer.ggml.token_type").int_at(5), 4);
-  EXPECT_EQ(f->get("general.file_type").as_int(), 15);  // MOSTLY_Q4_K_M
+  EXPECT_EQ(types, facts()["tensor_types"].get<decltype(types)>());
+  for (auto& [name, want] : facts()["tensors"].items()) {
+    const GgufTensorInfo* t = f->find_tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(ggml_type_name(t->ggml_type), want["type"].get<std::string>()) << name;
+    EXPECT_EQ(t->ne, want["ne"].get<std::vector<uint64_t>>()) << name;
+  }
+  for (auto& [key, want] : facts()["metadata"].items()) {
+    SCOPED_TRACE(key);
+    const GgufValue& v = f->get(key);
+    EXPECT_EQ(gguf_type_name(v.type), want["type"].get<std::string>());
+    const auto& value = want["value"];
+    if (value.is_string()) EXPECT_EQ(v.as_string(), value.get<std::string>());
+    if (value.is_boolean()) EXPECT_EQ(v.as_bool(), value.get<bool>());
+    if (value.is_number_integer()) EXPECT_EQ(v.as_int(), value.get<int64_t>());
+    if (value.is_number_float()) EXPECT_EQ(v.as_float(), value.get<double>());
+    if (value.is_array()) EXPECT_EQ(v.strings(), value.get<std::vector<std::string>>());
+  }
+  for (auto& [key, n] : facts()["array_lengths"].items()) EXPECT_EQ(f->get(key).size(), n.get<size_t>()) << key;
+  for (auto& [id, want] : facts()["tokens"].items()) {
+    const size_t i = std::stoul(id);
+    EXPECT_EQ(f->get("tokenizer.ggml.tokens").string_at(i), want["text"].get<std::string>()) << id;
+    EXPECT_EQ(f->get("tokenizer.ggml.token_type").int_at(i), want["type"].get<int64_t>()) << id;
+    EXPECT_EQ(f->get("tokenizer.ggml.scores").float_at(i), want["score"].get<double>()) << id;
+  }
 
-  // Dequantized sums and first values from gguf-py (gguf.quants.dequantize, float64 sums).
-  struct Want {
-    const char* name;
-    double sum;
-    float first[4];
-  };
-  const Want wants[] = {
-      {"output_norm.weight", 16861.6953125, {7.125f, 9.5625f, 47.0f, 145.0f}},
-      {"token_embd.weight", -27668.36862385273, {-0.007244110107421875f, 0.042860984802246094f, -0.034409523010253906f, -0.02112865447998047f}},
-      {"blk.0.attn_k.weight", 32.07246398925781, {0.0f, -0.027557373046875f, 0.011810302734375f, -0.027557373046875f}},
-      {"blk.0.attn_output.weight", -1.8330761790275574, {-0.015705108642578125f, 0.04966926574707031f, -0.03749656677246094f, 0.06056499481201172f}},
-      {"blk.0.ffn_down.weight", 6.480193614959717, {0.0052117109298706055f, 0.02171546220779419f, -0.02518993616104126f, 0.013897895812988281f}},
-  };
-  for (const Want& w : wants) {
-    SCOPED_TRACE(w.name);
-    const GgufTensorInfo* t = f->find_tensor(w.name);
+  // Dequantized (gguf.quants.dequantize): the first values exactly, the sum in float64.
+  for (auto& [name, want] : facts()["dequantized"].items()) {
+    SCOPED_TRACE(name);
+    const GgufTensorInfo* t = f->find_tensor(name);
     ASSERT_NE(t, nullptr);
     const int64_t cols = int64_t(t->ne[0]), rows = int64_t(t->nbytes / dtype_row_bytes(t->dtype, cols));
     std::vector<float> row(static_cast<size_t>(cols));
@@ -295,11 +307,12 @@ TEST_F(GgufRealModel, ParsesEveryTensorAndKey) {
     for (int64_t r = 0; r < rows; ++r) {
       dequantize_row(t->dtype, t->data + size_t(r) * dtype_row_bytes(t->dtype, cols), row.data(), cols);
       if (r == 0) {
-        for (int i = 0; i < 4; ++i) EXPECT_EQ(row[size_t(i)], w.first[i]) << i;
+        for (int i = 0; i < 4; ++i) EXPECT_EQ(row[size_t(i)], want["first"][size_t(i)].get<float>()) << i;
       }
       for (float v : row) sum += v;
     }
-    EXPECT_NEAR(sum, w.sum, 1e-9 * std::max(1.0, std::fabs(w.sum)) + 1e-6);
+    const double want_sum = want["sum"].get<double>();
+    EXPECT_NEAR(sum, want_sum, 1e-9 * std::max(1.0, std::fabs(want_sum)) + 1e-6);
     // The fast dot product on real blocks.
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
@@ -313,42 +326,57 @@ TEST_F(GgufRealModel, ParsesEveryTensorAndKey) {
   }
 }
 
+// The config as llama.cpp's gemma3 loader derives it from the metadata (llama-model.cpp): every
+// sixth layer full attention (the rest sliding, hparams.set_swa_pattern(6)), sliding layers at
+// RoPE base 10000 (rope_freq_base_train_swa) and full ones at rope.freq_base, queries scaled by
+// key_length^-0.5, generation stopping at <eos> and <end_of_turn>.
 TEST_F(GgufRealModel, ConfigAndNamesAsLlamaCppReadsThem) {
   auto ck = open_checkpoint(path_);
   const ModelConfig& c = ck->config;
-  EXPECT_EQ(c.family, "gemma3");
-  EXPECT_EQ(c.hidden_size, 640);
-  EXPECT_EQ(c.n_layers, 18);
-  EXPECT_EQ(c.n_heads, 4);
-  EXPECT_EQ(c.vocab_size, 262144);
-  EXPECT_EQ(c.sliding_window, 512);
-  EXPECT_EQ(c.max_position, 32768);
-  EXPECT_FLOAT_EQ(c.rms_eps, 1e-6f);
-  EXPECT_EQ(c.attn_scale, 1.f / 16.f);
-  EXPECT_FALSE(c.norm_adds_one);
-  EXPECT_FALSE(c.v_norm);
+  const std::string a = meta("general.architecture").get<std::string>();
+  EXPECT_EQ(c.family, a);
+  EXPECT_EQ(c.hidden_size, meta(a + ".embedding_length").get<int>());
+  EXPECT_EQ(c.n_layers, meta(a + ".block_count").get<int>());
+  EXPECT_EQ(c.n_heads, meta(a + ".attention.head_count").get<int>());
+  EXPECT_EQ(c.vocab_size, facts()["array_lengths"]["tokenizer.ggml.tokens"].get<int64_t>());
+  EXPECT_EQ(c.sliding_window, meta(a + ".attention.sliding_window").get<int>());
+  EXPECT_EQ(c.max_position, meta(a + ".context_length").get<int>());
+  EXPECT_EQ(c.rms_eps, meta(a + ".attention.layer_norm_rms_epsilon").get<float>());
+  const int head_dim = meta(a + ".attention.key_length").get<int>();
+  EXPECT_EQ(c.attn_scale, 1.f / std::sqrt(float(head_dim)));
+  EXPECT_FALSE(c.norm_adds_one);  // the converter folded Gemma's (1 + w) into the weights
+  EXPECT_FALSE(c.v_norm);         // Gemma 4's, not Gemma 3's
+  EXPECT_FALSE(facts()["tensors"].contains("output.weight"));
   EXPECT_TRUE(c.tie_embeddings);
-  EXPECT_EQ(c.checkpoint_dtype, DType::Q4_K);
-  EXPECT_EQ(c.bos_id, 2);
-  EXPECT_EQ(c.pad_id, 0);
-  EXPECT_EQ(c.eos_ids, (std::vector<int>{1, 106}));
-  for (int i = 0; i < 18; ++i) {
+  EXPECT_EQ(c.checkpoint_dtype, DType::Q4_K);  // general.file_type 15: MOSTLY_Q4_K_M
+  EXPECT_EQ(meta("general.file_type").get<int>(), 15);
+  EXPECT_EQ(c.bos_id, meta("tokenizer.ggml.bos_token_id").get<int>());
+  EXPECT_EQ(c.pad_id, meta("tokenizer.ggml.padding_token_id").get<int>());
+  int end_of_turn = -1;
+  for (auto& [id, t] : facts()["tokens"].items())
+    if (t["text"] == "<end_of_turn>") end_of_turn = std::stoi(id);
+  EXPECT_EQ(c.eos_ids, (std::vector<int>{meta("tokenizer.ggml.eos_token_id").get<int>(), end_of_turn}));
+  for (int i = 0; i < c.n_layers; ++i) {
     const LayerConfig& L = c.layers[size_t(i)];
-    const bool full = i == 5 || i == 11 || i == 17;
+    const bool full = i % 6 == 5;
     EXPECT_EQ(L.kind, full ? AttnKind::Full : AttnKind::Sliding) << i;
-    EXPECT_EQ(L.head_dim, 256);
-    EXPECT_EQ(L.n_kv_heads, 1);
-    EXPECT_EQ(L.ffn_dim, 2048);
-    EXPECT_EQ(L.rope.theta, full ? 1e6f : 1e4f);
+    EXPECT_EQ(L.head_dim, head_dim);
+    EXPECT_EQ(L.n_kv_heads, meta(a + ".attention.head_count_kv").get<int>());
+    EXPECT_EQ(L.ffn_dim, meta(a + ".feed_forward_length").get<int>());
+    EXPECT_EQ(L.rope.theta, full ? meta(a + ".rope.freq_base").get<float>() : 10000.f);
     EXPECT_EQ(L.rope.linear_factor, 1.f);
   }
-  EXPECT_EQ(ck->tensors.get("model.embed_tokens.weight", {262144, 640}).dtype, DType::Q8_0);
-  EXPECT_EQ(ck->tensors.get("model.layers.0.mlp.down_proj.weight", {640, 2048}).dtype, DType::Q6_K);
-  EXPECT_EQ(ck->tensors.get("model.layers.17.self_attn.q_proj.weight", {1024, 640}).dtype, DType::Q5_0);
-  EXPECT_EQ(ck->tensors.get("model.norm.weight", {640}).dtype, DType::F32);
-  EXPECT_EQ(ck->tensors.entries().size(), 236u);
+  // Every tensor under its HF name, with the file's type.
+  EXPECT_EQ(ck->tensors.entries().size(), facts()["tensors"].size());
+  for (auto& [name, want] : facts()["tensors"].items()) {
+    const std::string hf = gguf_to_hf_name(name);
+    ASSERT_FALSE(hf.empty()) << name;
+    std::vector<int64_t> shape;
+    for (auto it = want["ne"].rbegin(); it != want["ne"].rend(); ++it) shape.push_back(it->get<int64_t>());
+    EXPECT_EQ(dtype_name(ck->tensors.get(hf, shape).dtype), want["type"].get<std::string>()) << name;
+  }
   ASSERT_NE(ck->gguf, nullptr);
-  EXPECT_EQ(ck->gguf->get("tokenizer.ggml.model").as_string(), "llama");
+  EXPECT_EQ(ck->gguf->get("tokenizer.ggml.model").as_string(), meta("tokenizer.ggml.model").get<std::string>());
 }
 
 }  // namespace

@@ -140,7 +140,31 @@ TEST(Engine, SampledGenerationIsReproducibleBySeed) {
   EXPECT_NE(run(11), run(12));
 }
 
-TEST(Engine, StopsAtEosAndHonoursCancellation) {
+// transformers' greedy generate() on this prompt ends on a Gemma 4 stop token
+// (tools/reference/make_stop_case.py); the engine stops there too, with the stop token last and
+// out of the text.
+TEST(Engine, StopsAtAStopToken) {
+  const auto ref = mbtest::read_json(mbtest::fixture("e2b_like") + "/stop_case.json");
+  const auto greedy = ref["greedy"].get<std::vector<int32_t>>();
+  markbase::EngineOptions o;
+  o.model_path = mbtest::fixture("e2b_like");
+  auto engine = markbase::Engine::open(o);
+  markbase::Request r;
+  r.prompt_tokens = ref["prompt"].get<std::vector<int32_t>>();
+  r.max_new_tokens = int(greedy.size()) + 8;
+  auto res = engine->generate(r);
+  EXPECT_EQ(res.tokens, greedy);
+  EXPECT_EQ(res.finish_reason, "stop");
+  EXPECT_EQ(res.text, engine->detokenize(std::vector<int32_t>(greedy.begin(), greedy.end() - 1)));
+  // Without stopping, the same tokens come first and generation goes on to the limit.
+  r.stop_at_eos = false;
+  res = engine->generate(r);
+  ASSERT_EQ(res.tokens.size(), greedy.size() + 8);
+  EXPECT_TRUE(std::equal(greedy.begin(), greedy.end(), res.tokens.begin()));
+  EXPECT_EQ(res.finish_reason, "length");
+}
+
+TEST(Engine, OnTokenReturningFalseCancels) {
   markbase::EngineOptions o;
   o.model_path = mbtest::fixture("dense_kv");
   auto engine = markbase::Engine::open(o);
@@ -151,6 +175,7 @@ TEST(Engine, StopsAtEosAndHonoursCancellation) {
   r.on_token = [&](int32_t, std::string_view) { return ++seen < 3; };
   auto res = engine->generate(r);
   EXPECT_EQ(res.tokens.size(), 3u);
+  EXPECT_EQ(seen, 3);
   EXPECT_EQ(res.finish_reason, "cancelled");
 }
 
