@@ -47,12 +47,7 @@ constexpr bool kSanitized = true;
 constexpr bool kSanitized = false;
 #endif
 
-std::vector<Isa> tables() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (mb::cpu::kernels_for(i)) v.push_back(i);
-  return v;
-}
+std::vector<Isa> tables() { return mbtest::kernel_tables(); }
 
 // One kernel table, the AMX-BF16 switch and the thread count for a scope; the previous ones after.
 struct Setting {

@@ -382,11 +382,17 @@ TEST_F(GgufRealModel, ParsesEveryTensorAndKeyAsGgufPyDoes) {
     const GgufValue& v = f->get(key);
     EXPECT_EQ(gguf_type_name(v.type), want["type"].get<std::string>());
     const auto& value = want["value"];
-    if (value.is_string()) EXPECT_EQ(v.as_string(), value.get<std::string>());
-    if (value.is_boolean()) EXPECT_EQ(v.as_bool(), value.get<bool>());
-    if (value.is_number_integer()) EXPECT_EQ(v.as_int(), value.get<int64_t>());
-    if (value.is_number_float()) EXPECT_EQ(v.as_float(), value.get<double>());
-    if (value.is_array()) EXPECT_EQ(v.strings(), value.get<std::vector<std::string>>());
+    if (value.is_string()) {
+      EXPECT_EQ(v.as_string(), value.get<std::string>());
+    } else if (value.is_boolean()) {
+      EXPECT_EQ(v.as_bool(), value.get<bool>());
+    } else if (value.is_number_integer()) {
+      EXPECT_EQ(v.as_int(), value.get<int64_t>());
+    } else if (value.is_number_float()) {
+      EXPECT_EQ(v.as_float(), value.get<double>());
+    } else {
+      EXPECT_EQ(v.strings(), value.get<std::vector<std::string>>());
+    }
   }
   for (auto& [key, n] : facts()["array_lengths"].items()) EXPECT_EQ(f->get(key).size(), n.get<size_t>()) << key;
   for (auto& [id, want] : facts()["tokens"].items()) {
