@@ -114,22 +114,6 @@ TEST(ChatTemplate, TemplatesEmitBosOnce) {
   }
 }
 
-// Gemma 4 31B with thinking off closes an empty thought block after the generation prompt; the
-// E2B/E4B templates differ only there.
-TEST(ChatTemplate, Gemma4ThinkingSwitch) {
-  mb::ChatTemplateInputs in;
-  in.messages =
-      Json::parse(R"([{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}])");
-  in.add_generation_prompt = true;
-  const auto& t = fixture_template("gemma-4-31B-it.jinja");
-  EXPECT_EQ(t.render(in),
-            "<bos><|turn>system\nYou are "
-            "helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>");
-  in.enable_thinking = true;
-  EXPECT_EQ(t.render(in),
-            "<bos><|turn>system\n<|think|>\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
-}
-
 TEST(ChatTemplate, ExtraKwargsReachTheTemplate) {
   mb::ChatTemplate t("{{ bos_token }}{{ greeting }}{{ messages | length }}{{ tools is none }}{{ enable_thinking }}");
   mb::ChatTemplateInputs in;
@@ -275,30 +259,53 @@ TEST(ChatParse, RoundTripThroughTemplate) {
   }
 }
 
-TEST(ChatParse, ThinkingAndContent) {
+// Where this parser departs from transformers' response parser, on purpose:
+// - text after a stop token is dropped (transformers returns "ignored" as the content here):
+//   generation ends at the stop token, and a server that streams past it must not show it;
+TEST(ChatParse, StopTokenEndsTheTurn) {
   mb::ParsedOutput p =
       mb::parse_gemma4_output("<|channel>thought\nStep 1.\nStep 2.\n<channel|>\n\nDone.<turn|>ignored");
   EXPECT_EQ(p.thinking, "Step 1.\nStep 2.");
   EXPECT_EQ(p.content, "Done.");
   EXPECT_TRUE(p.tool_calls.empty());
-
-  p = mb::parse_gemma4_output("<|channel>thought\ncut off mid-thou");
-  EXPECT_EQ(p.thinking, "cut off mid-thou");
-  EXPECT_EQ(p.content, "");
 }
 
-TEST(ChatParse, ValueSyntax) {
-  EXPECT_EQ(mb::parse_gemma4_value(R"({a:<|"|>x<|"|>,b:[1,-2.5,None,true],c:{}})"),
-            Json::parse(R"({"a": "x", "b": [1, -2.5, null, true], "c": {}})"));
-  // Keys quoted with <|"|> (format_argument's default) and plain JSON strings are accepted too.
-  EXPECT_EQ(mb::parse_gemma4_value(R"({<|"|>k<|"|>:"v"})"), Json::parse(R"({"k": "v"})"));
-}
-
+// - a malformed tool call is an error (transformers raises for the first and last, and keeps
+//   the second as content): a client asked for a call, and should learn that it broke.
 TEST(ChatParse, MalformedToolCallsThrow) {
   EXPECT_THROW(mb::parse_gemma4_output("<|tool_call>call:f{a:<|\"|>unterminated}<tool_call|>"), mb::Error);
   EXPECT_THROW(mb::parse_gemma4_output("<|tool_call>f{}<tool_call|>"), mb::Error);
   EXPECT_THROW(mb::parse_gemma4_output("<|tool_call>call:f{a:1<tool_call|>"), mb::Error);
   EXPECT_THROW(mb::parse_gemma4_tool_call("call:{}"), mb::Error);
+}
+
+// - values are the inverse of the template's format_argument, which writes None for null (see
+//   RoundTripThroughTemplate; transformers cannot parse None), nested at most 512 levels (deeper
+//   was a stack overflow found by tools/fuzz.sh).
+TEST(ChatParse, DeepValuesAreAnErrorNotAStackOverflow) {
+  for (const char* open : {"[", "{a:"}) {
+    std::string deep;
+    for (int i = 0; i < 100000; ++i) deep += open;
+    EXPECT_THROW(mb::parse_gemma4_value(deep), mb::Error) << open;
+    EXPECT_THROW(mb::parse_gemma4_output("<|tool_call>call:f{a:" + deep + "<tool_call|>"), mb::Error) << open;
+  }
+  std::string ok = "{a:", close = "}";
+  for (int i = 0; i < 500; ++i) ok += "[", close = "]" + close;
+  EXPECT_EQ(nlohmann::json(mb::parse_gemma4_value(ok + close)).dump().size(), 1000u + 6u);
+}
+
+// A conversation nested deeper than a render accepts is refused before anything copies it.
+TEST(ChatTemplate, DeepMessagesAreAnError) {
+  Json deep = "x";
+  for (int i = 0; i < 1000; ++i) deep = Json::array({deep});
+  mb::ChatTemplateInputs in;
+  in.messages = Json::array({{{"role", "user"}, {"content", deep}}});
+  try {
+    fixture_template("gemma-4-31B-it.jinja").render(in);
+    ADD_FAILURE() << "rendered";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested more than 512 levels"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -20,18 +20,14 @@
 #include "core/error.h"
 #include "core/quant.h"
 #include "core/thread_pool.h"
+#include "test_util.h"
 
 namespace {
 
 using mb::DType;
 using mb::cpu::Isa;
 
-std::vector<Isa> paths() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (mb::cpu::kernels_for(i)) v.push_back(i);
-  return v;
-}
+std::vector<Isa> paths() { return mbtest::kernel_tables(); }
 
 struct UseIsa {
   Isa prev;

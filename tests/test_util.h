@@ -1,4 +1,4 @@
-// Helpers shared by tests: fixture paths, running the CLI, reading binary logits.
+// Helpers shared by tests: fixture paths, running the CLI, reading binary logits, kernel tables.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
@@ -8,7 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_kernels.h"
+
 namespace mbtest {
+
+// The CPU kernel tables this machine and build run, scalar first.
+inline std::vector<mb::cpu::Isa> kernel_tables() {
+  std::vector<mb::cpu::Isa> v;
+  for (mb::cpu::Isa i : {mb::cpu::Isa::Scalar, mb::cpu::Isa::Avx2, mb::cpu::Isa::Avx512})
+    if (mb::cpu::kernels_for(i)) v.push_back(i);
+  return v;
+}
 
 inline std::string source_dir() { return MARKBASE_SOURCE_DIR; }
 inline std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }

@@ -16,6 +16,7 @@ for flavour in release sanitize; do
   if [ "$flavour" = sanitize ]; then export MARKBASE_POISON_SCRATCH=1; else unset MARKBASE_POISON_SCRATCH; fi
   ctest --test-dir "$dir" --output-on-failure -j2 || status=1
 done
-echo "=== fuzzing the GGUF and safetensors parsers (30 s)"
-tools/fuzz.sh 30 || status=1
+# About 2 minutes on 2 cores: ~1 minute to build, then 4 targets x 30 s, two at a time.
+echo "=== fuzzing the file, template, chat request and model output parsers"
+tools/fuzz.sh 60 || status=1
 exit $status

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "core/error.h"
@@ -99,8 +100,9 @@ const std::string& ChatTemplate::source() const {
 }
 
 std::string ChatTemplate::render(const ChatTemplateInputs& in) const {
+  for (const Json* part : {&in.messages, &in.tools, &in.extra}) jinja::check_nesting(*part);  // before any copy
   if (!in.messages.is_array() || in.messages.empty())
-    fail("chat messages must be a non-empty list, got {}", in.messages.dump());
+    fail("chat messages must be a non-empty list, got {}", in.messages.is_array() ? "[]" : in.messages.type_name());
   if (!in.tools.is_null() && !in.tools.is_array()) fail("chat tools must be a list or null");
   if (!in.extra.is_object()) fail("chat template extra kwargs must be a JSON object");
 
@@ -129,6 +131,8 @@ std::string ChatTemplate::render(const ChatTemplateInputs& in) const {
 namespace {
 
 constexpr std::string_view kQuote = "<|\"|>";
+// Lists and objects nest by recursion here and when the result is printed or copied.
+constexpr int kMaxValueDepth = 512;
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -195,7 +199,17 @@ class ValueReader {
     }
   }
 
+  // Counts the lists and objects open around the reader.
+  struct Nest {
+    ValueReader& r;
+    explicit Nest(ValueReader& reader) : r(reader) {
+      if (++r.depth_ > kMaxValueDepth) r.error(fmt::format("values nested more than {} levels deep", kMaxValueDepth));
+    }
+    ~Nest() { --r.depth_; }
+  };
+
   Json object() {
+    Nest nest(*this);
     ++i_;
     Json out = Json::object();
     skip_ws();
@@ -227,6 +241,7 @@ class ValueReader {
   }
 
   Json array() {
+    Nest nest(*this);
     ++i_;
     Json out = Json::array();
     skip_ws();
@@ -264,6 +279,7 @@ class ValueReader {
 
   std::string_view s_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 std::string strip_copy(std::string_view s) { return std::string(trim(s)); }
@@ -288,14 +304,18 @@ ParsedOutput parse_gemma4_output(std::string_view text) {
   constexpr std::string_view kCall = "<|tool_call>", kCallEnd = "<tool_call|>";
   ParsedOutput out;
   std::string content, thinking;
+  const std::string_view markers[] = {kChannel, kCall, kGemma4StopTokens[0], kGemma4StopTokens[1],
+                                      kGemma4StopTokens[2]};
+  size_t found[std::size(markers)] = {};  // where each marker occurs next, searched again once passed
+  for (size_t k = 0; k < std::size(markers); ++k) found[k] = text.find(markers[k]);
   size_t i = 0;
   while (i < text.size()) {
     // The earliest marker decides what the text up to it is.
     size_t next = text.size();
     std::string_view marker;
-    for (std::string_view m : {kChannel, kCall, kGemma4StopTokens[0], kGemma4StopTokens[1], kGemma4StopTokens[2]}) {
-      size_t p = text.find(m, i);
-      if (p < next) next = p, marker = m;
+    for (size_t k = 0; k < std::size(markers); ++k) {
+      if (found[k] < i) found[k] = text.find(markers[k], i);
+      if (found[k] < next) next = found[k], marker = markers[k];
     }
     content.append(text.substr(i, next - i));
     if (marker.empty() || marker == kGemma4StopTokens[0] || marker == kGemma4StopTokens[1] ||

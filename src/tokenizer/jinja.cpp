@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 #include "core/utf8.h"
@@ -35,12 +37,49 @@ template <class... A>
 }
 
 // ---------------------------------------------------------------------------------------------
+// Bounds. A server renders what users send, and a model file brings its own template: no
+// template or input may take unbounded time, memory or stack. Real chat templates stay far below
+// each bound.
+
+// Brackets, unary operators, blocks and operator chains nest by recursion in the parser, and the
+// expression and statement trees by recursion when rendered and destroyed.
+constexpr int kMaxNesting = 256;
+// Lists and dicts nest by recursion in repr, tojson and comparisons (Python's json module stops
+// near 1000 levels).
+constexpr int kMaxDataDepth = 512;
+// Expressions and macro calls being evaluated inside one another (recursion in the renderer).
+constexpr int kMaxEvalDepth = 1000;
+
+// What the running render may still spend (set_render_limits); null outside renders.
+struct Meter {
+  int64_t steps, bytes;
+  RenderLimits limits;
+};
+thread_local Meter* t_meter = nullptr;
+
+void count_steps(int64_t n) {
+  if (t_meter && (t_meter->steps -= n) < 0)
+    raise("rendering takes more than {} steps: the template loops or recurses without end", t_meter->limits.steps);
+}
+void count_bytes(int64_t n) {
+  if (t_meter && (t_meter->bytes -= n) < 0)
+    raise("rendering builds more than {} MB of values: the template grows a value without end",
+          t_meter->limits.bytes >> 20);
+}
+// count x size, saturating (such a product only matters when it exceeds a limit).
+int64_t cost_of(int64_t count, int64_t size) {
+  constexpr int64_t kCap = INT64_MAX >> 2;
+  return size > 0 && count > kCap / size ? kCap : count * size;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Text: Python strings index and strip by code point, so UTF-8 is decoded where it matters.
 
 // An ill-formed byte reads as U+FFFD of length 1.
 char32_t decode_at(std::string_view s, size_t i, size_t* len) { return utf8_decode_lenient(s, i, len); }
 
 std::u32string to_u32(std::string_view s) {
+  count_steps(int64_t(s.size()) / 64);
   std::u32string r;
   r.reserve(s.size());
   for (size_t i = 0, n; i < s.size(); i += n) r.push_back(decode_at(s, i, &n));
@@ -55,6 +94,7 @@ std::string to_u8(std::u32string_view s) {
 }
 
 bool is_ascii(std::string_view s) {
+  count_steps(int64_t(s.size()) / 64);
   return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
@@ -92,6 +132,7 @@ std::string py_strip(std::string_view s, int sides, const std::u32string* chars 
     return std::string(s.substr(b, e - b));
   }
   std::u32string u = to_u32(s);
+  count_steps(cost_of(int64_t(u.size()), int64_t(chars->size()) / 64 + 1) / 8);
   auto drop = [&](char32_t c) { return chars->find(c) != std::u32string::npos; };
   size_t b = 0, e = u.size();
   if (sides & kLeft)
@@ -191,7 +232,29 @@ int64_t as_int(const Json& j) {
   if (j.is_boolean()) return j.get<bool>() ? 1 : 0;
   if (j.is_number_unsigned()) return static_cast<int64_t>(j.get<uint64_t>());
   if (j.is_number_integer()) return j.get<int64_t>();
-  return static_cast<int64_t>(j.get<double>());
+  const double d = j.get<double>();
+  if (!(d >= -0x1p63 && d < 0x1p63)) raise("cannot convert float {} to an integer", py_float(d));
+  return static_cast<int64_t>(d);
+}
+
+// The bytes of a value (16 per element, and its strings' bytes) for count_bytes(); fails past
+// kMaxDataDepth levels of lists and dicts. Walks with its own stack: inputs may be deep.
+int64_t json_cost(const Json& root) {
+  if (!root.is_structured()) return 16 + (root.is_string() ? int64_t(root.get_ref<const std::string&>().size()) : 0);
+  int64_t cost = 16;
+  std::vector<std::pair<const Json*, int>> todo = {{&root, 0}};  // lists and dicts still to walk
+  while (!todo.empty()) {
+    auto [j, depth] = todo.back();
+    todo.pop_back();
+    if (depth == kMaxDataDepth) raise("lists and dicts nested more than {} levels deep", kMaxDataDepth);
+    for (auto it = j->begin(); it != j->end(); ++it) {
+      if (j->is_object()) cost += int64_t(it.key().size());
+      cost += 16;
+      if (it->is_string()) cost += int64_t(it->get_ref<const std::string&>().size());
+      if (it->is_structured()) todo.emplace_back(&*it, depth + 1);
+    }
+  }
+  return cost;
 }
 double as_double(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); }
 
@@ -256,6 +319,7 @@ struct Value {
     return v;
   }
   static Value of(Json j) {
+    if (t_meter) count_bytes(json_cost(j));
     Value v;
     v.kind = Kind::Data;
     v.owner = std::make_shared<const Json>(std::move(j));
@@ -322,7 +386,10 @@ std::string_view type_name(const Value& v) {
 [[noreturn]] void raise_undefined(const Value& v) { raise("'{}' is undefined", v.hint); }
 
 Json to_json(const Value& v) {
-  if (v.data()) return v.j();
+  if (v.data()) {
+    if (t_meter) count_bytes(json_cost(v.j()));  // before the copy
+    return v.j();
+  }
   if (v.undefined()) raise_undefined(v);
   raise("a {} cannot be stored in a list or dict here", type_name(v));
 }
@@ -359,6 +426,7 @@ bool truthy(const Value& v) {
 
 // Python ==: numbers compare by value across bool/int/float; containers deeply.
 bool json_eq(const Json& a, const Json& b) {
+  count_steps(1);
   if (is_num(a) && is_num(b)) return is_int(a) && is_int(b) ? as_int(a) == as_int(b) : as_double(a) == as_double(b);
   if (a.type() != b.type()) return false;
   if (a.is_array()) {
@@ -421,6 +489,7 @@ std::vector<Value> iterate(const Value& v) {
   if (v.undefined()) return out;
   if (!v.data()) raise("'{}' object is not iterable", type_name(v));
   const Json& j = v.j();
+  if (j.is_structured()) count_steps(int64_t(j.size()));
   if (j.is_array()) {
     out.reserve(j.size());
     for (const Json& e : j) out.push_back(v.child(e));
@@ -456,6 +525,7 @@ bool contains(const Value& container, const Value& item) {
   const Json& c = container.j();
   if (c.is_string()) {
     if (!item.is_str()) raise("'in <string>' requires string as left operand, not {}", type_name(item));
+    count_steps(cost_of(int64_t(c.get_ref<const std::string&>().size()), int64_t(item.str().size()) / 64 + 1) / 8);
     return c.get_ref<const std::string&>().find(item.str()) != std::string::npos;
   }
   if (c.is_array()) {
@@ -572,7 +642,10 @@ std::vector<int64_t> slice_positions(int64_t len, std::optional<int64_t> start, 
   };
   int64_t b = adjust(start, step < 0 ? upper : lower), e = adjust(stop, step < 0 ? lower : upper);
   std::vector<int64_t> out;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) out.push_back(i);
+  for (int64_t i = b; step > 0 ? i < e : i > e;) {
+    out.push_back(i);
+    if (__builtin_add_overflow(i, step, &i)) break;
+  }
   return out;
 }
 
@@ -624,6 +697,10 @@ std::string percent_format(const std::string& f, const Value& rhs) {
       prec = f.substr(p0, j - p0);
       if (prec.empty()) prec = "0";
     }
+    for (const std::string* n : {&width, &prec}) {  // the output is at least this long
+      if (n->size() > 9) raise("format width or precision {} is too big", *n);
+      if (!n->empty()) count_bytes(std::stoll(*n));
+    }
     if (j >= f.size()) raise("incomplete format");
     char conv = f[j];
     i = j;
@@ -652,13 +729,17 @@ std::string percent_format(const std::string& f, const Value& rhs) {
       continue;
     }
     if (!v.data() || !is_num(v.j())) raise("%{} format: a real number is required, not {}", conv, type_name(v));
-    if (std::strchr("dixXo", conv)) {
-      std::string t = conv == 'd' || conv == 'i' ? "d" : std::string(1, conv);
-      out += fmt::format(fmt::runtime(spec + t + "}"), as_int(v.j()));
-    } else if (std::strchr("fFeEgG", conv)) {
-      out += fmt::format(fmt::runtime(spec + "." + (prec.empty() ? "6" : prec) + conv + "}"), as_double(v.j()));
-    } else {
-      raise("unsupported format character '{}'", conv);
+    try {
+      if (std::strchr("dixXo", conv)) {
+        std::string t = conv == 'd' || conv == 'i' ? "d" : std::string(1, conv);
+        out += fmt::format(fmt::runtime(spec + t + "}"), as_int(v.j()));
+      } else if (std::strchr("fFeEgG", conv)) {
+        out += fmt::format(fmt::runtime(spec + "." + (prec.empty() ? "6" : prec) + conv + "}"), as_double(v.j()));
+      } else {
+        raise("unsupported format character '{}'", conv);
+      }
+    } catch (const fmt::format_error& e) {
+      raise("%{} format: {}", conv, e.what());
     }
   }
   if (next < args.size()) raise("not all arguments converted during string formatting");
@@ -685,6 +766,9 @@ Value arith(std::string_view op, const Value& a, const Value& b) {
   if (op == "*") {
     auto repeat = [&](const Json& seq, const Json& n) -> Value {
       int64_t k = std::max<int64_t>(0, as_int(n));
+      const int64_t each = seq.is_string() ? int64_t(seq.get_ref<const std::string&>().size()) : json_cost(seq) - 16;
+      count_bytes(cost_of(k, each));
+      if (seq.empty() || (seq.is_string() && seq.get_ref<const std::string&>().empty())) k = 0;
       if (seq.is_string()) {
         std::string out;
         for (int64_t i = 0; i < k; ++i) out += seq.get_ref<const std::string&>();
@@ -709,13 +793,22 @@ Value arith(std::string_view op, const Value& a, const Value& b) {
       overflow = __builtin_mul_overflow(p, q, &r);
     } else if (op == "//" || op == "%") {
       if (q == 0) raise("integer division or modulo by zero");
-      int64_t d = p / q, m = p % q;
-      if (m != 0 && ((m < 0) != (q < 0))) --d, m += q;
-      r = op == "//" ? d : m;
+      if (q == -1) {  // INT64_MIN / -1 overflows
+        if (op == "%") r = 0;
+        else overflow = __builtin_sub_overflow(int64_t{0}, p, &r);
+      } else {
+        int64_t d = p / q, m = p % q;
+        if (m != 0 && ((m < 0) != (q < 0))) --d, m += q;
+        r = op == "//" ? d : m;
+      }
     } else if (op == "**") {
       if (q < 0) return Value::of(std::pow(static_cast<double>(p), static_cast<double>(q)));
+      // By squaring: a base of 0, 1 or -1 never overflows, so counting up to q could take 2^63 steps.
       r = 1;
-      for (int64_t i = 0; i < q && !overflow; ++i) overflow = __builtin_mul_overflow(r, p, &r);
+      for (int64_t base = p, e = q; e > 0 && !overflow; e >>= 1) {
+        if (e & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if (e > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
     }
     if (overflow) raise("integer overflow in '{}'", op);
     return Value::of(r);
@@ -786,6 +879,7 @@ void dump_string(const std::string& s, bool ensure_ascii, std::string& out) {
 void dump_json(const Json& j, const DumpOptions& o, int level, std::string& out) {
   auto newline = [&](int lvl) {
     if (!o.indent) return;
+    count_bytes(cost_of(lvl, int64_t(o.indent->size())));
     out += '\n';
     for (int i = 0; i < lvl; ++i) out += *o.indent;
   };
@@ -886,6 +980,7 @@ std::vector<std::string> py_split(const std::string& s, const std::optional<std:
     return out;
   }
   if (sep->empty()) raise("empty separator");
+  count_steps(cost_of(int64_t(s.size()), int64_t(sep->size()) / 64 + 1) / 8);
   size_t i = 0;
   while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
     size_t j = s.find(*sep, i);
@@ -898,12 +993,13 @@ std::vector<std::string> py_split(const std::string& s, const std::optional<std:
 }
 
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  count_steps(cost_of(int64_t(s.size()), int64_t(from.size()) / 64 + 1) / 8);
   std::string out;
   if (from.empty()) {
     std::u32string u = to_u32(s);
     int64_t done = 0;
     for (char32_t c : u) {
-      if (count < 0 || done < count) out += to, ++done;
+      if (count < 0 || done < count) count_bytes(int64_t(to.size())), out += to, ++done;
       utf8_append(out, c);
     }
     if (count < 0 || done < count) out += to;
@@ -914,6 +1010,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     size_t j = s.find(from, i);
     if (j == std::string::npos) break;
     out.append(s, i, j - i);
+    count_bytes(int64_t(to.size()));
     out += to;
     i = j + from.size();
   }
@@ -1018,6 +1115,7 @@ Value call_method(const Value& self, const std::string& name, const Args& a) {
     auto p = bind(a, name, {"sub"});
     if (!p[0] || !p[0]->is_str()) raise("{}() argument must be str", name);
     const std::string& sub = p[0]->str();
+    count_steps(cost_of(int64_t(s.size()), int64_t(sub.size()) / 64 + 1) / 8);
     if (name == "find") {
       size_t pos = s.find(sub);
       return Value::of(pos == std::string::npos ? int64_t{-1} : cp_index(s, pos));
@@ -1034,6 +1132,7 @@ Value call_method(const Value& self, const std::string& name, const Args& a) {
     bool first = true;
     for (const Value& v : iterate(*p[0])) {
       if (!v.is_str()) raise("sequence item: expected str instance, {} found", type_name(v));
+      count_bytes(int64_t(s.size() + v.str().size()));
       if (!first) out += s;
       out += v.str();
       first = false;
@@ -1080,7 +1179,10 @@ Value attr_path(const Value& item, const std::string& path) {
     size_t dot = path.find('.', i);
     std::string part = path.substr(i, dot == std::string::npos ? std::string::npos : dot - i);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), is_digit);
-    cur = get_item(cur, digits ? Value::of(std::stoll(part)) : Value::of(part));
+    int64_t index = 0;
+    if (digits && std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc())
+      raise("index {} is out of range", part);
+    cur = get_item(cur, digits ? Value::of(index) : Value::of(part));
     if (dot == std::string::npos) return cur;
     i = dot + 1;
   }
@@ -1177,7 +1279,9 @@ Value tojson_filter(const Value& v, const Args& a) {
   o.ensure_ascii = opt_bool(p[0], false);
   o.sort_keys = opt_bool(p[3], false);
   if (p[1] && !(p[1]->data() && p[1]->j().is_null())) {
-    o.indent = p[1]->is_str() ? p[1]->str() : std::string(std::max<int64_t>(0, opt_int(p[1], 0, "indent")), ' ');
+    const int64_t width = p[1]->is_str() ? 0 : std::max<int64_t>(0, opt_int(p[1], 0, "indent"));
+    count_bytes(width);
+    o.indent = p[1]->is_str() ? p[1]->str() : std::string(width, ' ');
     o.item_sep = ",";
   }
   if (p[2] && !(p[2]->data() && p[2]->j().is_null())) {
@@ -1210,7 +1314,7 @@ Value int_filter(const Value& v, const Args& a) {
   if (!s.empty() && res.ec == std::errc() && res.ptr == s.data() + s.size()) return Value::of(r);
   char* end = nullptr;
   double d = std::strtod(s.c_str(), &end);
-  if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::of(static_cast<int64_t>(d));
+  if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::of(as_int(Json(d)));
   return dflt;
 }
 
@@ -1243,14 +1347,16 @@ Value round_filter(const Value& v, const Args& a) {
 
 Value indent_filter(const Value& v, const Args& a) {
   auto p = bind(a, "indent", {"width", "first", "blank"});
-  std::string ind = p[0] && p[0]->is_str() ? p[0]->str() : std::string(opt_int(p[0], 4, "width"), ' ');
+  const int64_t width = p[0] && p[0]->is_str() ? 0 : std::max<int64_t>(0, opt_int(p[0], 4, "width"));
+  count_bytes(width);
+  std::string ind = p[0] && p[0]->is_str() ? p[0]->str() : std::string(width, ' ');
   bool first = opt_bool(p[1], false), blank = opt_bool(p[2], false);
   std::vector<std::string> lines = py_split(to_str(v) + "\n", std::string("\n"), -1);
   lines.pop_back();  // the appended "\n" mirrors jinja's splitlines() quirk
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i) out += "\n";
-    if (i && (blank || !lines[i].empty())) out += ind;
+    if (i && (blank || !lines[i].empty())) count_bytes(int64_t(ind.size())), out += ind;
     out += lines[i];
   }
   return Value::of(first ? ind + out : out);
@@ -1297,7 +1403,10 @@ const std::unordered_map<std::string_view, FilterFn>& filter_table() {
          bind(a, "abs", {});
          if (v.undefined()) raise_undefined(v);
          if (!v.data() || !is_num(v.j())) raise("bad operand type for abs(): '{}'", type_name(v));
-         return is_int(v.j()) ? Value::of(std::abs(as_int(v.j()))) : Value::of(std::fabs(as_double(v.j())));
+         if (!is_int(v.j())) return Value::of(std::fabs(as_double(v.j())));
+         int64_t x = as_int(v.j());
+         if (x == INT64_MIN) raise("integer overflow in abs()");
+         return Value::of(std::abs(x));
        }},
       {"attr",
        [](const Value& v, const Args& a) {
@@ -1348,8 +1457,10 @@ const std::unordered_map<std::string_view, FilterFn>& filter_table() {
          std::string sep = opt_str(p[0], ""), out;
          bool first = true;
          for (const Value& it : iterate(v)) {
+           std::string piece = to_str(p[1] ? attr_path(it, to_str(*p[1])) : it);
+           count_bytes(int64_t(sep.size() + piece.size()));
            if (!first) out += sep;
-           out += to_str(p[1] ? attr_path(it, to_str(*p[1])) : it);
+           out += piece;
            first = false;
          }
          return Value::of(std::move(out));
@@ -1437,6 +1548,7 @@ const std::unordered_map<std::string_view, FilterFn>& filter_table() {
          std::vector<Value> out, seen;
          for (const Value& it : iterate(v)) {
            Value k = fold_case(p[1] ? attr_path(it, to_str(*p[1])) : it, opt_bool(p[0], false));
+           count_steps(int64_t(seen.size()));
            if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return py_eq(s, k); }))
              seen.push_back(k), out.push_back(it);
          }
@@ -1880,6 +1992,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprP>> kwargs;
   std::vector<std::string> ops;  // Compare: operator before args[i + 1]
   bool negated = false;          // Test
+  int depth = 1;                 // of the tree below, this node included
 };
 
 enum class SK { Text, Output, If, For, Set, SetAttr, SetBlock, Macro, Break, Continue, FilterBlock, Scoped };
@@ -1983,6 +2096,7 @@ class Parser {
   }
 
   StmtP parse_statement() {
+    Nest nest(nesting_, peek().line);
     const Token& tok = peek();
     if (tok.type != Tok::Name) fail(tok, "tag name expected");
     std::string name = next().text;
@@ -2157,11 +2271,31 @@ class Parser {
     e->line = line;
     return e;
   }
+  // Appends an operand. Chains ("a ~ b ~ c ...", "x.a.b ...") deepen the tree without
+  // recursion in the parser, so the depth is counted here.
+  static void deepen(Expr& parent, const Expr& child) {
+    parent.depth = std::max(parent.depth, child.depth + 1);
+    if (parent.depth > kMaxNesting)
+      syntax_error(parent.line, fmt::format("expression nested more than {} levels deep", kMaxNesting));
+  }
+  static void add(Expr& parent, ExprP child) {
+    if (child) deepen(parent, *child);
+    parent.args.push_back(std::move(child));
+  }
+  // Entered by every construct the parser recurses into (brackets, unary operators, blocks).
+  struct Nest {
+    int& depth;
+    Nest(int& d, int line) : depth(++d) {
+      if (depth > kMaxNesting) syntax_error(line, fmt::format("nested more than {} levels deep", kMaxNesting));
+    }
+    ~Nest() { --depth; }
+  };
+
   static ExprP binary(EK k, std::string op, ExprP a, ExprP b) {
     auto e = node(k, a->line);
     e->name = std::move(op);
-    e->args.push_back(std::move(a));
-    e->args.push_back(std::move(b));
+    add(*e, std::move(a));
+    add(*e, std::move(b));
     return e;
   }
 
@@ -2171,10 +2305,10 @@ class Parser {
     ExprP first = parse_expr(with_condexpr);
     if (!is_op(",")) return first;
     auto list = node(EK::List, line);
-    list->args.push_back(std::move(first));
+    add(*list, std::move(first));
     while (skip_op(",")) {
       if (peek().type == Tok::BlockEnd || peek().type == Tok::VarEnd || is_op(")") || is_name("in")) break;
-      list->args.push_back(parse_expr(with_condexpr));
+      add(*list, parse_expr(with_condexpr));
     }
     return list;
   }
@@ -2187,15 +2321,16 @@ class Parser {
       auto c = node(EK::Cond, e->line);
       ExprP test = parse_or();
       ExprP other = skip_name("else") ? parse_condexpr() : nullptr;
-      c->args.push_back(std::move(e));
-      c->args.push_back(std::move(test));
-      c->args.push_back(std::move(other));
+      add(*c, std::move(e));
+      add(*c, std::move(test));
+      add(*c, std::move(other));
       e = std::move(c);
     }
     return e;
   }
 
   ExprP parse_or() {
+    Nest nest(nesting_, peek().line);
     ExprP e = parse_and();
     while (skip_name("or")) e = binary(EK::Or, "or", std::move(e), parse_and());
     return e;
@@ -2207,8 +2342,9 @@ class Parser {
   }
   ExprP parse_not() {
     if (is_name("not")) {
+      Nest nest(nesting_, peek().line);
       auto e = node(EK::Not, next().line);
-      e->args.push_back(parse_not());
+      add(*e, parse_not());
       return e;
     }
     return parse_compare();
@@ -2232,10 +2368,10 @@ class Parser {
       }
       if (!cmp) {
         cmp = node(EK::Compare, first->line);
-        cmp->args.push_back(std::move(first));
+        add(*cmp, std::move(first));
       }
       cmp->ops.push_back(op);
-      cmp->args.push_back(parse_math1());
+      add(*cmp, parse_math1());
     }
     return cmp ? std::move(cmp) : std::move(first);
   }
@@ -2270,9 +2406,10 @@ class Parser {
   ExprP parse_unary(bool with_filter = true) {
     ExprP e;
     if (is_op("-") || is_op("+")) {
+      Nest nest(nesting_, peek().line);
       EK kind = peek().text == "-" ? EK::Neg : EK::Pos;
       e = node(kind, next().line);
-      e->args.push_back(parse_unary(false));
+      add(*e, parse_unary(false));
     } else {
       e = parse_primary();
     }
@@ -2330,8 +2467,8 @@ class Parser {
       ExprP e = parse_expr();
       if (is_op(",")) {
         auto list = node(EK::List, line);
-        list->args.push_back(std::move(e));
-        while (skip_op(",") && !is_op(")")) list->args.push_back(parse_expr());
+        add(*list, std::move(e));
+        while (skip_op(",") && !is_op(")")) add(*list, parse_expr());
         e = std::move(list);
       }
       expect_op(")");
@@ -2342,7 +2479,7 @@ class Parser {
       while (!skip_op("]")) {
         if (!e->args.empty()) expect_op(",");
         if (skip_op("]")) break;
-        e->args.push_back(parse_expr());
+        add(*e, parse_expr());
       }
       return e;
     }
@@ -2351,9 +2488,9 @@ class Parser {
       while (!skip_op("}")) {
         if (!e->args.empty()) expect_op(",");
         if (skip_op("}")) break;
-        e->args.push_back(parse_expr());
+        add(*e, parse_expr());
         expect_op(":");
-        e->args.push_back(parse_expr());
+        add(*e, parse_expr());
       }
       return e;
     }
@@ -2366,15 +2503,19 @@ class Parser {
       if (skip_op(".")) {
         if (peek().type == Tok::Int) {  // foo.0 is foo[0]
           auto idx = node(EK::Literal, line);
-          idx->literal = Value::of(std::stoll(next().text));
+          const std::string digits = next().text;
+          int64_t index = 0;
+          if (std::from_chars(digits.data(), digits.data() + digits.size(), index).ec != std::errc())
+            syntax_error(line, fmt::format("index {} is out of range", digits));
+          idx->literal = Value::of(index);
           auto item = node(EK::Item, line);
-          item->args.push_back(std::move(e));
-          item->args.push_back(std::move(idx));
+          add(*item, std::move(e));
+          add(*item, std::move(idx));
           e = std::move(item);
         } else {
           auto a = node(EK::Attr, line);
           a->name = expect_name();
-          a->args.push_back(std::move(e));
+          add(*a, std::move(e));
           e = std::move(a);
         }
       } else if (skip_op("[")) {
@@ -2393,17 +2534,17 @@ class Parser {
       start = parse_expr();
       if (skip_op("]")) {
         auto item = node(EK::Item, line);
-        item->args.push_back(std::move(obj));
-        item->args.push_back(std::move(start));
+        add(*item, std::move(obj));
+        add(*item, std::move(start));
         return item;
       }
     }
     expect_op(":");
     auto s = node(EK::Slice, line);
-    s->args.push_back(std::move(obj));
-    s->args.push_back(std::move(start));
-    s->args.push_back(is_op(":") || is_op("]") ? nullptr : parse_expr());
-    s->args.push_back(skip_op(":") && !is_op("]") ? parse_expr() : nullptr);
+    add(*s, std::move(obj));
+    add(*s, std::move(start));
+    add(*s, is_op(":") || is_op("]") ? nullptr : parse_expr());
+    add(*s, skip_op(":") && !is_op("]") ? parse_expr() : nullptr);
     expect_op("]");
     return s;
   }
@@ -2420,17 +2561,19 @@ class Parser {
       if (peek().type == Tok::Name && is_op("=", 1)) {
         std::string k = next().text;
         ++pos_;
-        e.kwargs.emplace_back(k, parse_expr());
+        ExprP v = parse_expr();
+        deepen(e, *v);
+        e.kwargs.emplace_back(k, std::move(v));
       } else {
         if (!e.kwargs.empty()) fail(peek(), "positional argument follows keyword argument");
-        e.args.push_back(parse_expr());
+        add(e, parse_expr());
       }
     }
   }
 
   ExprP parse_call(ExprP callee) {
     auto c = node(EK::Call, callee->line);
-    c->args.push_back(std::move(callee));
+    add(*c, std::move(callee));
     parse_call_args(*c);
     return c;
   }
@@ -2440,7 +2583,7 @@ class Parser {
     auto f = node(EK::Filter, line);
     f->name = expect_name();
     if (!filter_table().count(f->name)) syntax_error(line, fmt::format("unsupported filter '{}'", f->name));
-    f->args.push_back(std::move(subject));
+    add(*f, std::move(subject));
     if (is_op("(")) parse_call_args(*f);
     return f;
   }
@@ -2455,7 +2598,7 @@ class Parser {
         t->negated = skip_name("not");
         t->name = expect_name();
         if (!test_table().count(t->name)) syntax_error(line, fmt::format("unsupported test '{}'", t->name));
-        t->args.push_back(std::move(e));
+        add(*t, std::move(e));
         const Token& a = peek();
         if (is_op("(")) {
           parse_call_args(*t);
@@ -2463,7 +2606,7 @@ class Parser {
                     is_op("[") || is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
           if (is_name("is")) fail(a, "You cannot chain multiple tests with is");
-          t->args.push_back(parse_postfix(parse_primary()));
+          add(*t, parse_postfix(parse_primary()));
         }
         e = std::move(t);
       } else if (is_op("(")) {
@@ -2476,6 +2619,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t pos_ = 0;
+  int nesting_ = 0;
   int loop_depth_ = 0;
   std::vector<std::pair<bool, bool>> macro_reads_;  // per open macro: reads varargs, kwargs
 };
@@ -2511,7 +2655,8 @@ const std::unordered_map<std::string, Value>& globals();
 struct Renderer {
   std::vector<ScopeP> macro_scopes;                   // cleared after rendering to break
   std::vector<std::shared_ptr<NamespaceObj>> spaces;  // macro <-> scope reference cycles
-  int depth = 0;
+  int depth = 0;       // macro calls
+  int eval_depth = 0;  // expressions being evaluated
 
   ~Renderer() {
     for (auto& s : macro_scopes) s->vars.clear();
@@ -2527,6 +2672,12 @@ struct Renderer {
 
   Value eval(const Expr& e, const ScopeP& sc) {
     try {
+      if (eval_depth >= kMaxEvalDepth) raise("expressions and macro calls nested more than {} deep", kMaxEvalDepth);
+      struct Nested {
+        int& d;
+        ~Nested() { --d; }
+      } nested{++eval_depth};
+      count_steps(1);
       return eval_node(e, sc);
     } catch (const EvalError& err) {
       throw Error(fmt::format("chat template line {}: {}", e.line, err.msg));
@@ -2592,7 +2743,10 @@ struct Renderer {
         if (!v.data() || !is_num(v.j()))
           raise("bad operand type for unary {}: '{}'", e.kind == EK::Neg ? '-' : '+', type_name(v));
         if (e.kind == EK::Pos) return is_int(v.j()) ? Value::of(as_int(v.j())) : v;
-        return is_int(v.j()) ? Value::of(-as_int(v.j())) : Value::of(-as_double(v.j()));
+        if (!is_int(v.j())) return Value::of(-as_double(v.j()));
+        int64_t neg = 0;
+        if (__builtin_sub_overflow(int64_t{0}, as_int(v.j()), &neg)) raise("integer overflow in unary -");
+        return Value::of(neg);
       }
       case EK::And: {
         Value l = arg(0);
@@ -2649,9 +2803,18 @@ struct Renderer {
   }
 
   Flow exec_one(const Stmt& s, const ScopeP& sc, std::string& out) {
+    count_steps(1);
     switch (s.kind) {
-      case SK::Text: out += s.text; return Flow::Next;
-      case SK::Output: out += to_str(eval(*s.exprs[0], sc)); return Flow::Next;
+      case SK::Text:
+        count_bytes(int64_t(s.text.size()));
+        out += s.text;
+        return Flow::Next;
+      case SK::Output: {
+        std::string text = to_str(eval(*s.exprs[0], sc));
+        count_bytes(int64_t(text.size()));
+        out += text;
+        return Flow::Next;
+      }
       case SK::If:
         for (size_t i = 0; i < s.bodies.size(); ++i)
           if (i == s.exprs.size() || truthy(eval(*s.exprs[i], sc))) return exec(s.bodies[i], sc, out);
@@ -2723,6 +2886,7 @@ struct Renderer {
     loop_value.kind = Value::Kind::Loop;
     loop_value.loop = loop;
     for (size_t i = 0; i < loop->items->size(); ++i) {
+      count_steps(1);
       loop->index = i;
       auto inner = std::make_shared<Scope>(Scope{sc, {}});
       assign(s.names, (*loop->items)[i], *inner);
@@ -2784,10 +2948,11 @@ const std::unordered_map<std::string, Value>& globals() {
                                 int64_t step = n.size() > 2 ? n[2] : 1;
                                 if (step == 0) raise("range() arg 3 must not be zero");
                                 Json out = Json::array();
-                                for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+                                for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
                                   if (static_cast<int64_t>(out.size()) >= kMaxRange)
                                     raise("range too big, maximum size for range is {}", kMaxRange);
                                   out.push_back(i);
+                                  if (__builtin_add_overflow(i, step, &i)) break;
                                 }
                                 return Value::of(std::move(out));
                               })},
@@ -2849,8 +3014,34 @@ Template::Template(const std::string& source) {
   program_ = std::move(p);
 }
 
+namespace {
+std::atomic<int64_t> g_max_steps{RenderLimits{}.steps}, g_max_bytes{RenderLimits{}.bytes};
+}  // namespace
+
+RenderLimits render_limits() { return {g_max_steps.load(), g_max_bytes.load()}; }
+
+RenderLimits set_render_limits(const RenderLimits& limits) {
+  MB_CHECK(limits.steps > 0 && limits.bytes > 0, "render limits must be positive");
+  return {g_max_steps.exchange(limits.steps), g_max_bytes.exchange(limits.bytes)};
+}
+
+void check_nesting(const Json& value) {
+  try {
+    json_cost(value);
+  } catch (const EvalError& e) {
+    fail("chat template input: {}", e.msg);
+  }
+}
+
 std::string Template::render(const Json& variables) const {
   if (!variables.is_object()) fail("chat template variables must be a JSON object, got {}", variables.type_name());
+  check_nesting(variables);
+  const RenderLimits limits = render_limits();
+  Meter meter{limits.steps, limits.bytes, limits};
+  struct Restore {
+    Meter* prev;
+    ~Restore() { t_meter = prev; }
+  } restore{std::exchange(t_meter, &meter)};
   auto owner = std::make_shared<const Json>(variables);
   auto root = std::make_shared<Scope>();
   for (auto it = owner->begin(); it != owner->end(); ++it) {

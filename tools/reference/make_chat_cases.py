@@ -316,6 +316,7 @@ PARSE_OUTPUTS = [
     ),
     ("content_then_tool_call", f"Let me check.<|tool_call>call:get_time{{}}<tool_call|><|tool_response>"),
     ("string_with_delims", f"<|tool_call>call:echo{{text:{Q}a, b: {{c}} [d]{Q}}}<tool_call|>"),
+    ("quoted_key_json_string", f'<|tool_call>call:f{{{Q}k{Q}:"v"}}<tool_call|>'),
 ]
 
 

@@ -1,14 +1,12 @@
-// libFuzzer target for the model-file parsers: every input goes to the GGUF reader (from memory,
+// Fuzz target "files", the model-file parsers: every input goes to the GGUF reader (from memory,
 // then to the gemma3/gemma4 config resolver and the tensor registry) and to the safetensors
 // loader (through a memfd, since it takes a path). An mb::Error is the expected answer to bad
 // bytes; anything else (a crash, a sanitizer report, another exception) is a finding.
-// Built and run by tools/fuzz.sh; not part of the regular test build.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -16,10 +14,12 @@
 #include "models/architecture.h"
 #include "models/gguf_config.h"
 #include "formats/safetensors.h"
+#include "fuzz_targets.h"
 
+namespace mbfuzz {
 namespace {
 
-void fuzz_gguf(const uint8_t* data, size_t size) {
+void gguf(const uint8_t* data, size_t size) {
   std::shared_ptr<mb::GgufFile> f;
   try {
     f = mb::GgufFile::parse(data, size, "fuzz.gguf");
@@ -39,7 +39,7 @@ void fuzz_gguf(const uint8_t* data, size_t size) {
   for (auto& [k, v] : f->metadata()) (void)v.describe();
 }
 
-void fuzz_safetensors(const uint8_t* data, size_t size) {
+void safetensors(const uint8_t* data, size_t size) {
   static int fd = memfd_create("fuzz.safetensors", 0);
   if (fd < 0) std::abort();
   if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != ssize_t(size)) std::abort();
@@ -50,14 +50,13 @@ void fuzz_safetensors(const uint8_t* data, size_t size) {
   }
 }
 
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
 mb::GgufValue u32(uint64_t v) { return mb::GgufValue::make_uint(mb::GgufType::U32, v); }
 
-// Seeds that reach deep into the config resolver: small but complete gemma3 and gemma4 headers.
-void write_seeds(const std::string& dir) {
+}  // namespace
+
+// Seeds that reach deep into the config resolver: small but complete gemma3 and gemma4 headers
+// (tools/fuzz.sh adds tests/fixtures/gguf/all_types.gguf).
+void write_file_seeds(const std::string& dir) {
   using mb::GgufValue;
   using mb::GgufType;
   for (std::string arch : {"gemma3", "gemma4"}) {
@@ -86,15 +85,9 @@ void write_seeds(const std::string& dir) {
   write_file(dir + "/tiny.safetensors", st + hdr + std::string(12, '\x3f'));
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* dir = std::getenv("FUZZ_WRITE_SEEDS")) write_seeds(dir);
-  return 0;
+void fuzz_files(const uint8_t* data, size_t size) {
+  gguf(data, size);
+  safetensors(data, size);
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fuzz_gguf(data, size);
-  fuzz_safetensors(data, size);
-  return 0;
-}
+}  // namespace mbfuzz
