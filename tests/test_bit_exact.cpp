@@ -27,7 +27,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/qmatmul.h"
 #include "core/thread_pool.h"
-#include "formats/checkpoint.h"
+#include "models/checkpoint.h"
 #include "markbase/markbase.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"

@@ -238,22 +238,11 @@ TEST_P(LlamaCppGguf, OurExporterWritesWhatLlamaCppWrites) {
   const std::set<std::string> not_ours = {"general.name", "general.type", "general.size_label",
                                           "general.quantization_version", "tokenizer.ggml.scores",
                                           "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_space_prefix"};
-  // A difference found by this test and reported (issue 20): llama.cpp types tokens by
-  // transformers' all_special_ids (CONTROL) and makes Gemma 4's tool-call, tool-response, channel
-  // and quote markers USER_DEFINED so that it prints them for its chat parser; our exporter types
-  // them by the added tokens' "special" flag (CONTROL, so llama.cpp would hide <|tool_call>).
-  // Until the exporter follows llama.cpp, only the array's type and length are compared.
-  const std::set<std::string> known_differences = {"tokenizer.ggml.token_type"};
   const bool has_tokenizer = std::filesystem::exists(mbtest::fixture(GetParam()) + "/tokenizer.json");
   for (auto& [key, value] : theirs->metadata()) {
     if (not_ours.contains(key) || (!has_tokenizer && key.rfind("tokenizer.", 0) == 0)) continue;
     const GgufValue* mine = ours->find(key);
     ASSERT_NE(mine, nullptr) << key;
-    if (known_differences.contains(key)) {
-      EXPECT_EQ(mine->elem, value.elem) << key;
-      EXPECT_EQ(mine->size(), value.size()) << key;
-      continue;
-    }
     EXPECT_EQ(*mine, value) << key << ": ours " << mine->describe() << ", llama.cpp's " << value.describe();
   }
   for (auto& [key, value] : ours->metadata()) EXPECT_TRUE(theirs->find(key)) << "only ours: " << key;

@@ -58,6 +58,15 @@ class Architecture {
   // Whether the GGUF stores 1 + w for this tensor where the HF checkpoint stores w.
   virtual bool gguf_adds_one(const std::string& gguf_name) const { return false; }
   virtual std::string_view gguf_tokenizer_model() const = 0;  // tokenizer.ggml.model
+  // How llama.cpp's converter types this architecture's tokens (tokenizer.ggml.token_type).
+  struct GgufTokenTyping {
+    // Control = transformers' all_special_ids (from tokenizer_config.json), other added tokens of
+    // the base vocabulary Normal; false: Control = an added token's own "special" flag.
+    bool by_special_ids = false;
+    // Tokens written User-defined so that llama.cpp prints them (its chat parser reads them).
+    std::span<const std::string_view> visible;
+  };
+  virtual GgufTokenTyping gguf_token_typing() const { return {}; }
   virtual std::span<const TensorNamePair> gguf_global_names() const = 0;
   virtual std::span<const TensorNamePair> gguf_layer_names() const = 0;
 

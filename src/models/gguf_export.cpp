@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -31,29 +34,81 @@ int layer_of(const std::string& gguf_name) {
   return std::atoi(gguf_name.c_str() + 4);
 }
 
-// tokenizer.json (BPE + merges) -> tokenizer.ggml.*: ids, "a b" merges, and token types
-// (special added tokens are Control, other added tokens UserDefined, <0xXX> Byte, the rest Normal).
+// The ids transformers lists as all_special_ids: tokenizer_config.json's bos/eos/unk/pad/mask
+// tokens (GemmaTokenizer's defaults, <bos> ... <mask>, where the file names none) and its additional
+// (v4) or extra (v5) special tokens, each a string or {"content": ...}. Empty when the folder has
+// no tokenizer_config.json.
+std::set<int64_t> config_special_ids(const fs::path& dir, const nlohmann::json& vocab) {
+  std::set<int64_t> ids;
+  std::ifstream in(dir / "tokenizer_config.json");
+  if (!in.good()) return ids;
+  const nlohmann::json cfg = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!cfg.is_object()) return ids;
+  auto add = [&](const nlohmann::json& t) {
+    const nlohmann::json& text = t.is_object() ? t.value("content", nlohmann::json()) : t;
+    if (!text.is_string()) return;
+    if (auto it = vocab.find(text.get<std::string>()); it != vocab.end() && it->is_number_integer())
+      ids.insert(it->get<int64_t>());
+  };
+  const std::string cls = cfg.value("tokenizer_class", nlohmann::json()).is_string() ? cfg["tokenizer_class"].get<std::string>()
+                                                                                     : std::string();
+  const bool gemma_class = cls == "GemmaTokenizer" || cls == "GemmaTokenizerFast";
+  for (auto [key, gemma_default] : {std::pair{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"unk_token", "<unk>"},
+                                    {"pad_token", "<pad>"}, {"mask_token", "<mask>"}}) {
+    if (cfg.contains(key)) add(cfg[key]);
+    else if (gemma_class) add(gemma_default);
+  }
+  for (const char* key : {"additional_special_tokens", "extra_special_tokens"})
+    if (auto it = cfg.find(key); it != cfg.end() && (it->is_array() || it->is_object()))
+      for (const auto& t : *it) add(t);
+  return ids;
+}
+
+// tokenizer.json (BPE + merges) -> tokenizer.ggml.*: ids, "a b" merges, and token types as the
+// converter llama.cpp uses for the architecture gives them (Architecture::gguf_token_typing).
 // Returns the number of tokens.
 size_t tokenizer_metadata(const fs::path& p, const Architecture& arch, GgufWriter& w) {
+  enum : int64_t { kNormal = 1, kControl = 3, kUserDefined = 4, kByte = 6 };
   std::ifstream in(p);
-  MB_CHECK(in.good(), "cannot read {}", p.string());
-  nlohmann::json j = nlohmann::json::parse(in);
+  MB_CHECK(in.good(), "cannot read {}: {}", p.string(), std::strerror(errno));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", p.string(), e.what());
+  }
   const auto& vocab = j.at("model").at("vocab");
-  std::vector<std::string> tokens(vocab.size());
+  std::map<int64_t, std::pair<std::string, bool>> added;  // id -> (text, special flag)
+  if (auto it = j.find("added_tokens"); it != j.end())
+    for (auto& t : *it) added[t.at("id").get<int64_t>()] = {t.at("content").get<std::string>(), t.value("special", false)};
+  const size_t n_base = vocab.size();
+  const size_t n_tokens = std::max(n_base, added.empty() ? size_t(0) : size_t(added.rbegin()->first + 1));
+  std::vector<std::string> tokens(n_tokens);
   for (auto& [tok, id] : vocab.items()) {
     const int64_t i = id.get<int64_t>();
-    MB_CHECK(i >= 0 && size_t(i) < tokens.size(), "{}: vocabulary ids are not dense", p.string());
+    MB_CHECK(i >= 0 && size_t(i) < n_base, "{}: vocabulary ids are not dense", p.string());
     tokens[size_t(i)] = tok;
   }
-  std::vector<int64_t> types(tokens.size(), 1);
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i].size() == 6 && tokens[i].rfind("<0x", 0) == 0 && tokens[i].back() == '>') types[i] = 6;
-  if (auto it = j.find("added_tokens"); it != j.end())
-    for (auto& t : *it) {
-      const int64_t id = t.at("id").get<int64_t>();
-      if (id >= 0 && size_t(id) < types.size()) types[size_t(id)] = t.value("special", false) ? 3 : 4;
-    }
-  const size_t n_tokens = tokens.size();
+  for (auto& [id, t] : added) {
+    MB_CHECK(id >= 0, "{}: negative added token id", p.string());
+    if (size_t(id) >= n_base) tokens[size_t(id)] = t.first;
+  }
+  const Architecture::GgufTokenTyping typing = arch.gguf_token_typing();
+  std::set<int64_t> special = typing.by_special_ids ? config_special_ids(p.parent_path(), vocab) : std::set<int64_t>{};
+  const bool by_special_ids = typing.by_special_ids && !special.empty();
+  if (!by_special_ids)  // no tokenizer_config.json to say: the added tokens' own flags
+    for (auto& [id, t] : added)
+      if (t.second) special.insert(id);
+  std::vector<int64_t> types(n_tokens, kNormal);
+  for (size_t i = 0; i < n_tokens; ++i) {
+    const std::string& t = tokens[i];
+    const bool is_added = added.count(int64_t(i)) > 0;
+    if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t.back() == '>') types[i] = kByte;
+    else if (special.count(int64_t(i))) types[i] = kControl;
+    else if (is_added && (!by_special_ids || i >= n_base)) types[i] = kUserDefined;
+    for (std::string_view v : typing.visible)
+      if (t == v) types[i] = kUserDefined;
+  }
   std::vector<std::string> merges;
   if (auto it = j.at("model").find("merges"); it != j.at("model").end())
     for (auto& m : *it)

@@ -53,6 +53,9 @@ constexpr std::array<TensorNamePair, 25> kLayerNames = {{
     {"layer_output_scale.weight", "layer_scalar"},
 }};
 
+constexpr std::array<std::string_view, 7> kVisibleTokens = {
+    "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>"};
+
 class Gemma4Architecture final : public Architecture {
  public:
   std::string_view name() const override { return "gemma4"; }
@@ -87,6 +90,8 @@ class Gemma4Architecture final : public Architecture {
   void add_gguf_derived_tensors(const ModelConfig& c, GgufWriter& w) const override { add_rope_freqs(c, w); }
   // llama.cpp names Gemma 4's BPE vocabulary after the architecture; MarkBase reads either name.
   std::string_view gguf_tokenizer_model() const override { return "gemma4"; }
+  // convert_hf_to_gguf.py's Gemma4Model.set_vocab (LlamaHfVocab, and these markers made visible).
+  GgufTokenTyping gguf_token_typing() const override { return {true, kVisibleTokens}; }
   std::span<const TensorNamePair> gguf_global_names() const override { return global_names(); }
   std::span<const TensorNamePair> gguf_layer_names() const override { return layer_names(); }
 
