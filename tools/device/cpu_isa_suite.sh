@@ -47,14 +47,15 @@ say() { printf '%s\n' "$*" | tee -a "$summary"; }
 t_start=$SECONDS
 
 # ---------------------------------------------------------------- the machine and the commit
+# A COMMIT file wins: the copy of the tree a device call gets may carry a stale .git.
 commit=unknown
-if git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
+if [[ -f $root/COMMIT ]]; then
+  commit="$(head -n 1 "$root/COMMIT") (from COMMIT)"
+elif git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
   commit=$(git -C "$root" rev-parse HEAD)
   if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
     commit+=" (with uncommitted changes)"
   fi
-elif [[ -f $root/COMMIT ]]; then
-  commit="$(head -n 1 "$root/COMMIT") (from COMMIT)"
 fi
 lscpu_field() { lscpu 2>/dev/null | sed -n "s/^$1: *//p" | head -n 1; }
 flags=$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null || true)
