@@ -236,7 +236,10 @@ class CpuBackend final : public Backend {
     return dst;
   }
 
-  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override {
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override { matmul_with(x, w, y, true); }
+
+  // allow_amx: see cpu::matmul.
+  void matmul_with(const Tensor& x, const Tensor& w, Tensor& y, bool allow_amx) {
     check_f32(x, "matmul", "x");
     check_f32(y, "matmul", "y");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
@@ -244,7 +247,7 @@ class CpuBackend final : public Backend {
              x.shape_str(), w.shape_str(), y.shape_str());
     if (dtype_is_quantized(w.dtype)) return matmul_quantized(x, w, y);
     MB_CHECK(cpu::is_kernel_weight_dtype(w.dtype), "matmul: unsupported weight dtype {}", dtype_name(w.dtype));
-    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m);
+    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m, allow_amx);
   }
 
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override {
@@ -516,10 +519,12 @@ class CpuBackend final : public Backend {
       wdn.data = static_cast<uint8_t*>(down.data) + size_t(e) * dn_bytes;
       wgu.packed = packed_rows(gate_up, e * I2, I2);
       wdn.packed = packed_rows(down, e * H, H);
-      matmul(xe, wgu, gu);
+      // An expert's token count depends on the rest of the batch: its matmuls stay off the
+      // count-dependent AMX-BF16 path, so a token's result is the same in any batch.
+      matmul_with(xe, wgu, gu, false);
       for (int64_t i = 0; i < m; ++i)
         cpu::kernels().gelu_tanh_mul(gu.f32() + i * I2, gu.f32() + i * I2 + I, act.f32() + i * I, I);
-      matmul(act, wdn, ye);
+      matmul_with(act, wdn, ye, false);
       for (int64_t i = 0; i < m; ++i)
         cpu::axpy(toks[size_t(i)].second, ye.f32() + i * H, out.f32() + toks[size_t(i)].first * H, H);
     }

@@ -361,7 +361,7 @@ bool matmul_blocks_supported(int64_t n) {
 }
 
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy) {
+            int64_t m, float* y, int64_t ldy, bool allow_amx) {
   if (n <= 0 || m <= 0) return;
   if (k == 0) {
     for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, 0.f);
@@ -377,7 +377,7 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   } else {
     a.wt = wtype(wt);
   }
-  if (a.wt == WType::BF16 && n >= kAmxMinTokens && amx_bf16_matmul_active()) {
+  if (allow_amx && a.wt == WType::BF16 && n >= kAmxMinTokens && amx_bf16_matmul_active()) {
     matmul_amx_bf16(*amx_bf16_kernels(), a);
     return;
   }

@@ -63,8 +63,10 @@ WType wtype(DType t);
 // Parallel drivers over ThreadPool::global() with the active table.
 // y[n, m] = x[n, k] · w[m, k]ᵀ; x rows ldx floats apart, y rows ldy apart. Block-quantized w
 // (dequantized panel by panel into the f32 GEMM) only where matmul_blocks_supported(n).
+// allow_amx = false keeps bf16 weights on the fma chain at any n: for callers whose n depends on
+// other tokens of the batch (a MoE expert's routed tokens), so that a token's bits do not.
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy);
+            int64_t m, float* y, int64_t ldy, bool allow_amx = true);
 bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 // Several sequences' attention (each with its own queries, KV and positions) in one parallel region.
