@@ -715,11 +715,13 @@ std::string percent_format(const std::string& f, const Value& rhs) {
       spec += '<';
     else if (conv == 's' || conv == 'r')
       spec += '>';
-    if (flags.find('+') != std::string::npos)
+    // Python ignores the sign and zero flags for %s and %r; fmt rejects them for strings.
+    const bool numeric = conv != 's' && conv != 'r';
+    if (numeric && flags.find('+') != std::string::npos)
       spec += '+';
-    else if (flags.find(' ') != std::string::npos)
+    else if (numeric && flags.find(' ') != std::string::npos)
       spec += ' ';
-    if (flags.find('0') != std::string::npos && flags.find('-') == std::string::npos && conv != 's' && conv != 'r')
+    if (numeric && flags.find('0') != std::string::npos && flags.find('-') == std::string::npos)
       spec += '0';
     spec += width;
     if (conv == 's' || conv == 'r') {
