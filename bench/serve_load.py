@@ -436,6 +436,7 @@ async def main_async(args):
             err = await wait_ready(client, proc, args.ready_timeout)
             if err:
                 report["fatal"] = err
+                report["passed"] = False
                 return report, 2
             model = await pick_model(client, args.model)
             report["model"] = model
