@@ -287,7 +287,7 @@ async def monitor(pid, proc, t0, stop, results, interval):
 
 
 # Gauges that say requests are still in the engine: markbase's and llama-server's (llama-server --metrics).
-BUSY_GAUGES = re.compile(r"^(markbase_(?:running|waiting|queue)\w*|llamacpp:requests_(?:processing|deferred))"
+BUSY_GAUGES = re.compile(r"^(markbase_num_requests_(?:running|waiting)|llamacpp:requests_(?:processing|deferred))"
                          r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 
 

@@ -28,15 +28,15 @@ DEPLOY = os.path.join(ROOT, "deploy")
 SESSIONS = [f"user-{i}" for i in range(24)]
 # Per replica, requests it answered: the first of these counters in its /metrics (markbase's; the other names
 # cover servers put in its place with MARKBASE_REPLICA_CMD).
-REQUEST_COUNTERS = ("markbase_requests_finished_total", "markbase_http_requests_total", "markbase_requests_total",
-                    "llamacpp:requests_processed_total")
+REQUEST_COUNTERS = ("markbase_requests_finished_total", "llamacpp:requests_processed_total")
 
 
-# Replies that keep a replica busy long enough to be killed under them: no early end of turn.
-LONG_REPLY = 400
+# Replies that keep a replica busy long enough to be killed under them (about LONG_REPLY_SECONDS each, sized
+# by the replica's speed: a sanitizer build is slower): no early end of turn.
+LONG_REPLY_SECONDS = 1.5
 LONG_REPLY_EXTRA = {"ignore_eos": True}
 # Gauges of requests a replica holds (running or queued).
-BUSY_GAUGES = re.compile(r"^(markbase_(?:running|waiting)\w*|llamacpp:requests_(?:processing|deferred))"
+BUSY_GAUGES = re.compile(r"^(markbase_num_requests_(?:running|waiting)|llamacpp:requests_(?:processing|deferred))"
                          r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 
 
@@ -100,6 +100,7 @@ class Cluster:
             wait_http(f"http://127.0.0.1:{port}/health", proc, 120, f"replica on port {port}")
         self.start_nginx()
         self.url = f"http://127.0.0.1:{self.listen}"
+        self.model = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
 
     def start_nginx(self):
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -179,9 +180,9 @@ def show_logs_on_failure(request, cluster):
         print(cluster.logs())
 
 
-def chat(client, content, session=None, user=None, system="You are a helpful assistant.", max_tokens=8,
+def chat(client, model, content, session=None, user=None, system="You are a helpful assistant.", max_tokens=8,
          stream=False, extra=None):
-    body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}]}
     body.update(extra or {})
     if user is not None:
@@ -206,7 +207,7 @@ def test_requests_reach_both_replicas(cluster):
     seen = {}
     with httpx.Client(base_url=cluster.url, timeout=60) as client:
         for s in SESSIONS:
-            status, upstream, text = chat(client, f"Hello from {s}.", session=s)
+            status, upstream, text = chat(client, cluster.model, f"Hello from {s}.", session=s)
             assert status == 200, text
             assert json.loads(text)["choices"][0]["message"]["role"] == "assistant"
             seen[s] = replica_of(upstream)
@@ -222,7 +223,8 @@ def test_a_session_stays_on_its_replica(cluster):
     with httpx.Client(base_url=cluster.url, timeout=60) as client:
         for s in SESSIONS[:8]:
             for turn in range(3):  # other messages, streamed or not: the header alone decides
-                status, upstream, text = chat(client, f"Turn {turn} of {s}.", session=s, stream=turn == 1)
+                status, upstream, text = chat(client, cluster.model, f"Turn {turn} of {s}.", session=s,
+                                              stream=turn == 1)
                 assert status == 200, text
                 assert replica_of(upstream) == cluster.session_replica[s], (s, turn, upstream)
 
@@ -232,12 +234,12 @@ def test_without_a_header_the_user_field_and_the_prompt_decide(cluster):
         by_user, by_prefix = {}, {}
         for i in range(12):
             user = f"account-{i % 4}"
-            status, upstream, text = chat(client, f"Question {i}.", user=user)
+            status, upstream, text = chat(client, cluster.model, f"Question {i}.", user=user)
             assert status == 200, text
             by_user.setdefault(user, set()).add(replica_of(upstream))
             # No header, no user: requests that share a long system prompt share a replica (its prefix cache).
             system = f"System prompt {i % 4}: " + "you answer briefly and precisely. " * 20
-            status, upstream, text = chat(client, f"Question {i}.", system=system)
+            status, upstream, text = chat(client, cluster.model, f"Question {i}.", system=system)
             assert status == 200, text
             by_prefix.setdefault(i % 4, set()).add(replica_of(upstream))
     assert all(len(r) == 1 for r in by_user.values()), by_user
@@ -249,11 +251,18 @@ def test_a_killed_replica_loses_no_retryable_request(cluster):
     victim_sessions = [s for s, p in cluster.session_replica.items() if p == victim]
     assert victim_sessions
     n = 8
+    with httpx.Client(base_url=cluster.url, timeout=120) as client:
+        start = time.monotonic()
+        status, upstream, text = chat(client, cluster.model, "How fast?", session=victim_sessions[0], max_tokens=256,
+                                      extra=LONG_REPLY_EXTRA)
+        assert status == 200 and replica_of(upstream) == victim, (status, upstream, text)
+        tokens_per_s = json.loads(text)["usage"]["completion_tokens"] / (time.monotonic() - start)
+    long_reply = int(min(20000, max(256, tokens_per_s * LONG_REPLY_SECONDS)))
 
     def ask(i):
         with httpx.Client(base_url=cluster.url, timeout=120) as client:
-            return chat(client, f"In flight {i}.", session=victim_sessions[i % len(victim_sessions)],
-                        max_tokens=LONG_REPLY, extra=LONG_REPLY_EXTRA)
+            return chat(client, cluster.model, f"In flight {i}.", session=victim_sessions[i % len(victim_sessions)],
+                        max_tokens=long_reply, extra=LONG_REPLY_EXTRA)
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(ask, i) for i in range(n)]
@@ -265,7 +274,7 @@ def test_a_killed_replica_loses_no_retryable_request(cluster):
         held = cluster.busy(victim)
         cluster.replicas[victim].send_signal(signal.SIGKILL)
         results = [f.result() for f in futures]
-    assert held == n, f"the victim held {held} of {n} requests when it was killed (replies too short?)"
+    assert held == n, f"the victim held {held} of {n} requests when it was killed ({long_reply}-token replies)"
     for status, upstream, text in results:
         assert status == 200, (status, upstream, text)
         ports = [replica_of(u) for u in upstream.split(",")]
@@ -274,6 +283,6 @@ def test_a_killed_replica_loses_no_retryable_request(cluster):
     # New requests of the victim's sessions go to the survivor.
     with httpx.Client(base_url=cluster.url, timeout=60) as client:
         for s in victim_sessions[:4]:
-            status, upstream, text = chat(client, "After the kill.", session=s, stream=True)
+            status, upstream, text = chat(client, cluster.model, "After the kill.", session=s, stream=True)
             assert status == 200 and replica_of(upstream) == survivor, (status, upstream, text)
             assert text.endswith("data: [DONE]"), text[-200:]
