@@ -12,7 +12,8 @@ close their stream mid-reply. Then it checks and reports:
                   text (greedy or seeded): with batch invariance a request's tokens cannot depend on what ran
                   beside it, so a token from another stream, a stale KV page or a cache mix-up shows here
   idle            the server's running/waiting gauges in /metrics return to 0 (disconnects freed their slots)
-  rss flat        the server's VmRSS after warm-up grows by no more than the tolerance
+  rss flat        the server's VmRSS after warm-up grows by no more than the tolerance (a KV pool whose pages
+                  are touched as first used grows until full: size it, e.g. --kv-mem, to fill within the warm-up)
   clean exit      with --launch: SIGTERM ends the server with exit status 0
 and throughput (generated tokens/s over the load phase), p50/p90/p99 time to first token and inter-token latency
 (gaps between content chunks of a stream).
@@ -169,7 +170,7 @@ def chunk_text(obj):
 async def run_stream(client, spec, results, record=True, hang_up=True):
     """Sends one streaming request and reads it to the end (or hangs up as the spec says)."""
     r = {"nonce": spec["nonce"], "path": spec["path"], "status": None, "error": None, "text": "", "finish": None,
-         "ttft": None, "gaps": [], "chunks": 0, "tokens": None, "disconnected": False, "cached_tokens": None,
+         "ttft": None, "t_first": None, "t_last": None, "gaps": [], "chunks": 0, "tokens": None, "disconnected": False, "cached_tokens": None,
          "t_start": time.monotonic()}
     headers = {"X-Session-ID": spec["session"]}
     last = None
@@ -211,9 +212,11 @@ async def run_stream(client, spec, results, record=True, hang_up=True):
                     if text:
                         if r["ttft"] is None:
                             r["ttft"] = now - r["t_start"]
+                            r["t_first"] = now
                         else:
                             r["gaps"].append(now - last)
                         last = now
+                        r["t_last"] = now
                         r["chunks"] += 1
                         r["text"] += text
                     if finish:
@@ -524,6 +527,10 @@ async def load_phase(client, model, args, pid, proc, results, report):
         "requests_per_s": len(reqs) / wall if wall else 0,
         "ttft_s": summary([r["ttft"] for r in ok if r["ttft"] is not None]),
         "itl_s": summary([g for r in ok for g in r["gaps"]]),
+        # Per request, (last chunk - first chunk) / (tokens - 1): the decode pace a client sees on average, which
+        # the gaps above cannot show when a server (or a busy client) delivers several chunks at once.
+        "tpot_s": summary([(r["t_last"] - r["t_first"]) / (r["tokens"] - 1) for r in ok
+                           if r["t_first"] is not None and (r["tokens"] or 0) > 1 and r["t_last"] > r["t_first"]]),
         "cached_prompt_tokens": sum(r["cached_tokens"] or 0 for r in ok),
         "failures": [f"{r['nonce']} {r['path']}: {r['error']}" for r in (s5 + other)][:20],
     }
@@ -559,6 +566,8 @@ def print_report(report, out):
     p = lambda *a: print(*a, file=out)  # noqa: E731
     if "fatal" in report:
         p(f"cannot run: {report['fatal']}")
+        if report.get("server_log_tail"):
+            p("the end of the server's log:\n" + report["server_log_tail"])
         return
     p(f"model {report.get('model')}")
     if "prefix_probe" in report:
@@ -574,9 +583,8 @@ def print_report(report, out):
           f"{ld['other_failures']} other failures)")
         p(f"throughput {ld['throughput_tok_s']:.1f} generated tokens/s, {ld['requests_per_s']:.2f} requests/s; "
           f"cached prompt tokens reported {ld['cached_prompt_tokens']}")
-        for name in ("ttft_s", "itl_s"):
+        for name, label in (("ttft_s", "TTFT"), ("itl_s", "inter-chunk"), ("tpot_s", "per token")):
             s = ld[name]
-            label = "TTFT" if name == "ttft_s" else "inter-token"
             if s["n"]:
                 p(f"{label:12s} ms: p50 {fmt_ms(s['p50'])}  p90 {fmt_ms(s['p90'])}  p99 {fmt_ms(s['p99'])}  "
                   f"max {fmt_ms(s['max'])}  (n={s['n']})")

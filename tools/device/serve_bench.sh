@@ -22,6 +22,7 @@
 #   LLAMA_SERVER: a llama-server binary. Default: build-peer/llama-server when present (built elsewhere with
 #     `PEER_SERVER=1 PEER_MARCH=sapphirerapids tools/peer/build_llama_cpp.sh` and carried: the source does not
 #     fit a device call), else built here by tools/peer/build_llama_cpp.sh (needs PyPI).
+#   MARKBASE: a markbase binary to use instead of building one.
 #   MARKBASE_NO_PREFIX_CACHE_FLAG: the `markbase serve` flag that turns its prefix cache off; when set, markbase
 #     also runs the probe with it, as a third row.
 # The build needs nlohmann-json, CLI11, fmt and cpp-httplib (Debian: nlohmann-json3-dev libcli11-dev libfmt-dev
@@ -70,11 +71,14 @@ if ((${#missing[@]})) && compgen -G "$deps_debs/*.deb" >/dev/null; then
   devdeps_unpack "$deps_debs" /tmp/markbase-deps
   say "packages: ${missing[*]} not installed; using the .deb files of $deps_debs"
 fi
-build=$root/build-serve
-device_build "$root" "$build" markbase "$out/build.log" -DMARKBASE_TESTS=OFF ||
-  { tail -n 40 "$out/build.log"; say "cannot build markbase: its log's end is above ($out/build.log)"; exit 2; }
-markbase=$build/bin/markbase
-say "markbase built in $((SECONDS - t_start)) s"
+markbase=${MARKBASE:-}
+if [[ -z $markbase ]]; then
+  build=$root/build-serve
+  device_build "$root" "$build" markbase "$out/build.log" -DMARKBASE_TESTS=OFF ||
+    { tail -n 40 "$out/build.log"; say "cannot build markbase: its log's end is above ($out/build.log)"; exit 2; }
+  markbase=$build/bin/markbase
+  say "markbase built in $((SECONDS - t_start)) s"
+fi
 
 # ---------------------------------------------------------------- llama-server
 llama=${LLAMA_SERVER:-}
@@ -158,21 +162,21 @@ def med(reports, get):
     vals = [v for v in vals if v is not None]
     return statistics.median(vals) if vals else None
 runs = {s: [load(f"{s}-{i}") for i in range(1, rounds + 1)] for s in ("markbase", "llama-server")}
+def stat(key, q):
+    return lambda r: (1e3 * ((r.get("load") or {}).get(key) or {}).get(q, float("nan")))
+def probe(key):
+    return lambda r: (r.get("prefix_probe") or {}).get(key)
+ms = lambda get: (lambda r: None if get(r) is None else 1e3 * get(r))  # noqa: E731
 rows = [
     ("generated tokens/s (all streams)", lambda r: (r.get("load") or {}).get("throughput_tok_s"), "{:.1f}", ">= 1.5x"),
-    ("TTFT p50, ms", lambda r: 1e3 * ((r.get("load") or {}).get("ttft_s") or {}).get("p50", float("nan")),
-     "{:.1f}", ""),
-    ("TTFT p99, ms", lambda r: 1e3 * ((r.get("load") or {}).get("ttft_s") or {}).get("p99", float("nan")),
-     "{:.1f}", "<= 1x"),
-    ("inter-token p50, ms", lambda r: 1e3 * ((r.get("load") or {}).get("itl_s") or {}).get("p50", float("nan")),
-     "{:.2f}", ""),
-    ("inter-token p99, ms", lambda r: 1e3 * ((r.get("load") or {}).get("itl_s") or {}).get("p99", float("nan")),
-     "{:.2f}", ""),
-    ("probe cold (no cache possible), ms", lambda r: 1e3 * (r.get("prefix_probe") or {}).get("cold_median_s",
-     float("nan")), "{:.1f}", ""),
-    ("probe warm (repeated system prompt), ms", lambda r: 1e3 * (r.get("prefix_probe") or {}).get("warm_median_s",
-     float("nan")), "{:.1f}", ""),
-    ("probe warm / cold", lambda r: (r.get("prefix_probe") or {}).get("warm_over_cold"), "{:.3f}", "<= 0.2"),
+    ("TTFT p50, ms", stat("ttft_s", "p50"), "{:.1f}", ""),
+    ("TTFT p99, ms", stat("ttft_s", "p99"), "{:.1f}", "<= 1x"),
+    ("time per output token p50, ms", stat("tpot_s", "p50"), "{:.2f}", ""),
+    ("time per output token p99, ms", stat("tpot_s", "p99"), "{:.2f}", ""),
+    ("inter-chunk gap p99, ms", stat("itl_s", "p99"), "{:.2f}", ""),
+    ("probe cold (no cache possible), ms", ms(probe("cold_median_s")), "{:.1f}", ""),
+    ("probe warm (repeated system prompt), ms", ms(probe("warm_median_s")), "{:.1f}", ""),
+    ("probe warm / cold", probe("warm_over_cold"), "{:.3f}", "<= 0.2"),
 ]
 print()
 print(f"{'row':42s} {'markbase':>12s} {'llama-server':>12s} {'ratio':>8s}  target")
