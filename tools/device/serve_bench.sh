@@ -119,22 +119,26 @@ endpoints=(--completions-fraction 1)
 load_args=(--clients "$slots" --duration "$duration" --seed "$seed" --prefix-probe "${PROBE_ROUNDS:-5}"
            --probe-system-words 1000 --system-words 100,600 --user-words 5,300 --max-tokens 32,256
            --disconnect-fraction 0.05 --replay 16 --request-timeout 300 --ready-timeout 300 "${endpoints[@]}")
+# Each run listens on a port of its own: a port just closed by the last server can still refuse a new bind.
 port=${PORT:-18080}
-url=http://127.0.0.1:$port
-mb_cmd="$markbase serve -m $model --host 127.0.0.1 --port $port --max-seqs $slots --ctx $ctx --threads $threads"
-# -c is the context of all slots together; prompt caching (cache_prompt) is on by default; --metrics for /metrics.
-ll_cmd="$llama -m $model --host 127.0.0.1 --port $port -np $slots -c $((slots * ctx)) -t $threads -tb $threads \
---cont-batching --metrics --no-webui"
+mb_cmd="$markbase serve -m $model --host 127.0.0.1 --port @PORT@ --max-seqs $slots --ctx $ctx --threads $threads"
+# -c is the context of all slots together; prompt caching (cache_prompt) is on by default, but for a model with
+# sliding-window layers (Gemma's) llama.cpp reuses a cached prefix only with --swa-full (else it keeps just the
+# window and prefills every prompt whole); --metrics for /metrics.
+ll_cmd="$llama -m $model --host 127.0.0.1 --port @PORT@ -np $slots -c $((slots * ctx)) -t $threads -tb $threads \
+--cont-batching --swa-full --metrics --no-webui"
 run() {  # name, command, extra serve_load arguments
-  local name=$1 cmd=$2
+  local name=$1 cmd=${2//@PORT@/$port}
   shift 2
   say "--- $name: $cmd"
   set +e
-  PYTHONUNBUFFERED=1 python3 bench/serve_load.py --launch "$cmd" --base-url "$url" --server-log "$out/$name.log" \
+  PYTHONUNBUFFERED=1 python3 bench/serve_load.py --launch "$cmd" --base-url "http://127.0.0.1:$port" \
+    --server-log "$out/$name.log" \
     --json "$out/$name.json" "${load_args[@]}" "$@" 2>&1 | tee -a "$summary"
   local rc=${PIPESTATUS[0]}
   set -e
   say "($name: exit $rc)"
+  port=$((port + 1))
   return 0
 }
 for r in $(seq 1 "$rounds"); do
