@@ -44,9 +44,11 @@ devdeps_unpack() {
   done
   export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
   export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  # Packages found through pkg-config (cpp-httplib) rather than a CMake config file.
-  local pc=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig
-  export PKG_CONFIG_PATH=$pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  # Packages found through pkg-config (cpp-httplib) rather than a CMake config file: the prefix's own .pc files
+  # only (their paths say /usr: the sysroot maps them into the prefix), and pkg-config itself when carried.
+  export PKG_CONFIG_LIBDIR=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig:$prefix/usr/share/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$prefix
+  export PATH=$PATH:$prefix/usr/bin
 }
 
 # The commit of the tree at ROOT. A COMMIT file wins: the copy of the tree a device call gets may carry a stale .git.

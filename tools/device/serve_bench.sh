@@ -25,8 +25,9 @@
 #   MARKBASE: a markbase binary to use instead of building one.
 #   MARKBASE_NO_PREFIX_CACHE_FLAG: the `markbase serve` flag that turns its prefix cache off; when set, markbase
 #     also runs the probe with it, as a third row.
-# The build needs nlohmann-json, CLI11, fmt and cpp-httplib (Debian: nlohmann-json3-dev libcli11-dev libfmt-dev
-# libcpp-httplib-dev). Without them and without a network: `tools/device/serve_bench.sh --fetch-deps` on a
+# The build needs nlohmann-json, CLI11, fmt, cpp-httplib and pkg-config (Debian: nlohmann-json3-dev libcli11-dev
+# libfmt-dev libcpp-httplib-dev pkgconf); a markbase binary built elsewhere (MARKBASE) needs cpp-httplib's and
+# fmt's shared libraries. Without them and without a network: `tools/device/serve_bench.sh --fetch-deps` on a
 # machine with apt puts their .deb files in build-devdeps/; carry that folder along.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,7 @@ deps_debs=${DEPS_DEBS:-$root/build-devdeps}
 source "$root/tools/device/lib.sh"
 cmake_pkgs=(nlohmann_json CLI11 fmt)
 debs=(nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev
-      libbrotli1 libssl-dev libssl3 zlib1g-dev)
+      libbrotli1 libssl-dev libssl3 zlib1g-dev zlib1g pkgconf pkgconf-bin libpkgconf3)
 if [[ ${1:-} == --fetch-deps ]]; then
   devdeps_fetch "$deps_debs" "${debs[@]}"
   exit 0
@@ -66,10 +67,17 @@ if [[ -z $shared && -d $root/shared ]]; then shared=$root/shared; fi
 if [[ ! -e $root/../shared && -n $shared ]]; then
   ln -s "$(cd "$shared" && pwd)" "$root/../shared" && say "shared data: ../shared -> $shared"
 fi
-mapfile -t missing < <(devdeps_missing "${cmake_pkgs[@]}")
-if ((${#missing[@]})) && compgen -G "$deps_debs/*.deb" >/dev/null; then
+# The carried .deb files serve a build that misses a package, or a given binary that misses a shared library.
+need_debs=0
+if [[ -n ${MARKBASE:-} ]]; then
+  ldd "$MARKBASE" | grep -q "not found" && need_debs=1
+else
+  mapfile -t missing < <(devdeps_missing "${cmake_pkgs[@]}")
+  { ((${#missing[@]})) || ! pkg-config --exists cpp-httplib 2>/dev/null; } && need_debs=1
+fi
+if ((need_debs)) && compgen -G "$deps_debs/*.deb" >/dev/null; then
   devdeps_unpack "$deps_debs" /tmp/markbase-deps
-  say "packages: ${missing[*]} not installed; using the .deb files of $deps_debs"
+  say "packages: some are missing here; using the .deb files of $deps_debs (unpacked in /tmp/markbase-deps)"
 fi
 markbase=${MARKBASE:-}
 if [[ -z $markbase ]]; then
