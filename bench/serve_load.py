@@ -170,7 +170,8 @@ def chunk_text(obj):
 async def run_stream(client, spec, results, record=True, hang_up=True):
     """Sends one streaming request and reads it to the end (or hangs up as the spec says)."""
     r = {"nonce": spec["nonce"], "path": spec["path"], "status": None, "error": None, "text": "", "finish": None,
-         "ttft": None, "t_first": None, "t_last": None, "gaps": [], "chunks": 0, "tokens": None, "disconnected": False, "cached_tokens": None,
+         "ttft": None, "t_first": None, "t_last": None, "gaps": [], "chunks": 0, "tokens": None,
+         "disconnected": False, "cached_tokens": None,
          "t_start": time.monotonic()}
     headers = {"X-Session-ID": spec["session"]}
     last = None
@@ -553,9 +554,9 @@ async def load_phase(client, model, args, pid, proc, results, report):
         report["rss_samples"] = [(round(t, 2), b) for t, b in results.rss]
         if v["checked"]:
             report["checks"]["rss_flat"] = {
-                "ok": v["flat"], "detail": f"{v['first_mib']:.1f} -> {v['last_mib']:.1f} MiB after warm-up "
-                                           f"(allowed +{v['allowed_mib']:.1f}; slope {v['slope_mib_per_min']:.2f} "
-                                           "MiB/min)"}
+                "ok": v["flat"] or not args.rss_check, "informational": not args.rss_check,
+                "detail": f"{v['first_mib']:.1f} -> {v['last_mib']:.1f} MiB after warm-up (allowed "
+                          f"+{v['allowed_mib']:.1f}; slope {v['slope_mib_per_min']:.2f} MiB/min)"}
 
 
 def fmt_ms(s):
@@ -595,7 +596,8 @@ def print_report(report, out):
     if report.get("server_log_tail"):
         p("the end of the server's log:\n" + report["server_log_tail"])
     for k, v in report["checks"].items():
-        p(f"{'PASS' if v['ok'] else 'FAIL'} {k}: {v['detail']}")
+        p(f"{'PASS' if v['ok'] else 'FAIL'} {k}: {v['detail']}" + (" (reported, not checked)" if
+                                                                  v.get("informational") else ""))
     p("passed" if report.get("passed") else "FAILED")
 
 
@@ -642,6 +644,9 @@ def parse_args(argv):
                     help="with --launch: do not require exit status 0 after SIGTERM")
     ap.add_argument("--sample-interval", type=float, default=0.5, help="seconds between RSS samples")
     ap.add_argument("--warmup", type=float, help="seconds before RSS must stay flat (default min(30, 25%%))")
+    ap.add_argument("--no-rss-check", dest="rss_check", action="store_false",
+                    help="report RSS without failing (e.g. under AddressSanitizer, whose quarantine holds freed "
+                         "memory; its leak check at exit is the test there)")
     ap.add_argument("--rss-tolerance-mib", type=float, default=32)
     ap.add_argument("--rss-tolerance-pct", type=float, default=10)
     ap.add_argument("--seed", type=int, default=1)
