@@ -8,7 +8,7 @@
 # with prefix caching) and SLOTS concurrent streaming clients for DURATION seconds. It ends with one table:
 # aggregate generated tokens/s, TTFT and inter-token p50/p99, the probe, and each server's checks; $OUT holds each
 # run's JSON report and server log. Exit status: 0 when both ran (markbase's checks passed), 1 when a check or a
-# run failed, 2 when it could not build or find what it needs. With the defaults a run takes 3-4 minutes a server
+# run failed, 2 when it could not build or find what it needs. With the defaults a run takes about 2 minutes a server
 # plus the build and the model (one device call of 10 minutes holds ROUNDS=1).
 #
 # Env:
