@@ -23,7 +23,7 @@ struct KVStore {
   int64_t capacity = 0;
   bool ring = false;
   const int32_t* pages = nullptr;
-  int64_t page_size = 0;
+  int64_t page_size = 0;  // a power of two
   int64_t n_pages = 0;  // entries of `pages`
   int64_t slot(int64_t pos) const {
     return pages ? int64_t(pages[pos / page_size]) * page_size + pos % page_size : ring ? pos % capacity : pos;

@@ -54,8 +54,9 @@ size_t KVPageManager::min_bytes(const ModelConfig& cfg, const KVPageOptions& opt
 
 KVPageManager::KVPageManager(const ModelConfig& cfg, Backend& backend, const KVPageOptions& opts)
     : opts_(opts), window_(cfg.sliding_window), pools_(2) {
-  MB_CHECK(opts.page_tokens > 0 && opts.max_context > 0 && opts.max_step > 0 && opts.max_seqs > 0,
-           "invalid KV page options");
+  MB_CHECK(opts.page_tokens > 0 && (opts.page_tokens & (opts.page_tokens - 1)) == 0,
+           "KV pages of {} tokens: a power of two is needed", opts.page_tokens);
+  MB_CHECK(opts.max_context > 0 && opts.max_step > 0 && opts.max_seqs > 0, "invalid KV page options");
   const auto bp = page_bytes(cfg, opts);
   const auto need = pages_one_sequence(cfg, opts);
   const size_t min = min_bytes(cfg, opts);

@@ -429,6 +429,8 @@ class CpuBackend final : public Backend {
                kv.k.shape_str());
       MB_CHECK(kv.capacity > 0 && s.begin >= 0 && s.count >= 0 && s.begin + s.count <= n,
                "attention: rows [{}, {}) of q {} or an empty KV", s.begin, s.begin + s.count, q.shape_str());
+      MB_CHECK(!kv.pages || (kv.page_size > 0 && (kv.page_size & (kv.page_size - 1)) == 0),
+               "attention: KV pages of {} rows (a power of two is needed)", kv.page_size);
       const size_t off = size_t(s.begin * nh * hd);
       args.push_back({q.f32() + off, out.f32() + off, kv.k.f32(), kv.v.f32(), s.pos, s.count, nh, nkv, hd,
                       kv.capacity, kv.ring, kv.pages, kv.page_size, p.window, p.scale, p.softcap});

@@ -57,9 +57,14 @@ struct AttnArgs {
 // so a token gets the same bits alone or in a batch, on any number of threads.
 constexpr int64_t kAttnSplit = 64;
 
-// The cache row of key position j (KVStore::slot).
+// The cache row of key position j (KVStore::slot). Page sizes are powers of two: this runs for
+// every key in the kernels' inner loops, where a division would cost more than the row's address.
 inline int64_t kv_row(const AttnArgs& a, int64_t j) {
-  return a.pages ? int64_t(a.pages[j / a.page_size]) * a.page_size + j % a.page_size : a.ring ? j % a.capacity : j;
+  if (a.pages) {
+    const int shift = __builtin_ctzll(uint64_t(a.page_size));
+    return int64_t(a.pages[j >> shift]) << shift | (j & (a.page_size - 1));
+  }
+  return a.ring ? j % a.capacity : j;
 }
 
 struct KernelTable {
