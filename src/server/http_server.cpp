@@ -90,7 +90,7 @@ struct Generation {
     std::string out;
     for (const ChoiceOutput& c : choices) {
       if (!out.empty()) out += ',';
-      out += client_gone && c.engine_finish_reason().empty() ? "disconnected" : c.engine_finish_reason();
+      out += client_gone && c.engine_finish_reason().empty() ? "cancelled" : c.engine_finish_reason();
     }
     return out;
   }

@@ -704,9 +704,12 @@ void metric(std::string& out, const char* name, const char* type, const char* he
 
 void histogram(std::string& out, const char* name, const char* help, const std::string& labels, const Histogram& h) {
   out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  // Histogram::observe counts each observation in its own bucket; Prometheus buckets are cumulative.
+  uint64_t cumulative = 0;
   for (size_t i = 0; i < h.counts.size(); ++i) {
     const std::string le = i < Histogram::kBounds.size() ? fmt::format("{}", Histogram::kBounds[i]) : "+Inf";
-    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le, h.counts[i]);
+    cumulative += h.counts[i];
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le, cumulative);
   }
   out += fmt::format("{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, labels, h.sum, name, labels, h.total);
 }

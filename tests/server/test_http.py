@@ -98,13 +98,18 @@ def test_timeout(gemma3):
 
 
 def test_metrics_text(gemma3):
+    requests.post(gemma3.url + CHAT, json={"messages": HELLO, "max_tokens": 3})
     text = requests.get(gemma3.url + "/metrics").text
     for name in ["markbase_num_requests_waiting", "markbase_num_requests_running", "markbase_num_preemptions_total",
                  "markbase_kv_pages_used", "markbase_kv_pages_free", "markbase_prefix_cache_hit_rate",
                  "markbase_generation_tokens_per_second", "markbase_time_to_first_token_seconds_bucket",
                  "markbase_inter_token_latency_seconds_count"]:
         assert f"\n{name}{{" in "\n" + text, name
-    assert 'le="+Inf"' in text and "# TYPE markbase_time_to_first_token_seconds histogram" in text
+    assert "# TYPE markbase_time_to_first_token_seconds histogram" in text
+    for hist in ["markbase_time_to_first_token_seconds", "markbase_inter_token_latency_seconds"]:
+        buckets = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(hist + "_bucket{")]
+        count = next(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(hist + "_count{"))
+        assert len(buckets) == 13 and buckets == sorted(buckets) and buckets[-1] == count > 0, (hist, buckets, count)
 
 
 def test_prefix_cache_reports_cached_tokens(gemma3):
