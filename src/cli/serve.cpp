@@ -58,11 +58,13 @@ void register_serve(CLI::App& app) {
     std::string max_body = "16M";
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("-m,--model", a->model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
+  cmd->add_option("-m,--model", a->model,
+                  "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
   cmd->add_option("--host", a->host, "address to listen on (0.0.0.0: every interface)");
   cmd->add_option("--port", a->port, "TCP port (0: any free one, printed at start)")->check(whole_number(0, 65535));
   cmd->add_option("--served-model-name", a->name, "the model's name in the API (default: its file or folder name)");
-  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (default: $MARKBASE_API_KEY, else none)")
+  cmd->add_option("--api-key", a->api_key,
+                  "require 'Authorization: Bearer KEY' (default: $MARKBASE_API_KEY, else none)")
       ->envname("MARKBASE_API_KEY");
   cmd->add_option("--max-seqs", a->max_seqs, "sequences in the running batch at once")->check(whole_number(1, 4096));
   cmd->add_option("--max-queue", a->max_queue, "requests waiting beyond the batch; more are refused with 429")

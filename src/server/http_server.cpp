@@ -59,12 +59,12 @@ std::string sse(const Json& j) {
 
 std::string usage_detail(const RequestUsage& u, const std::string& finish) {
   const double gen_s = u.total_seconds - u.ttft_seconds;
+  std::string rate;
+  if (gen_s > 0 && u.completion_tokens > 1)
+    rate = fmt::format(" ({:.1f} tok/s)", double(u.completion_tokens - 1) / gen_s);
   return fmt::format("prompt={} cached={} completion={} queue={:.3f}s ttft={:.3f}s total={:.3f}s{} finish={}",
                      u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens, u.queue_seconds, u.ttft_seconds,
-                     u.total_seconds,
-                     gen_s > 0 && u.completion_tokens > 1 ? fmt::format(" ({:.1f} tok/s)", double(u.completion_tokens - 1) / gen_s)
-                                                          : "",
-                     finish);
+                     u.total_seconds, rate, finish);
 }
 
 // The constant-time comparison API keys want.
@@ -369,14 +369,15 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(AsyncEngine& engine, ServerOptions opts) : impl_(std::make_unique<Impl>(engine, std::move(opts))) {
+HttpServer::HttpServer(AsyncEngine& engine, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(engine, std::move(opts))) {
   Impl& s = *impl_;
   if (s.opts.port == 0) {
     s.port = s.http.bind_to_any_port(s.opts.host);
     MB_CHECK(s.port > 0, "serve: cannot listen on {} (any port)", s.opts.host);
   } else {
-    MB_CHECK(s.http.bind_to_port(s.opts.host, s.opts.port), "serve: cannot listen on {}:{} (in use, or not an address here?)",
-             s.opts.host, s.opts.port);
+    MB_CHECK(s.http.bind_to_port(s.opts.host, s.opts.port),
+             "serve: cannot listen on {}:{} (in use, or not an address here?)", s.opts.host, s.opts.port);
     s.port = s.opts.port;
   }
 }

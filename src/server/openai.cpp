@@ -170,7 +170,8 @@ void parse_sampling(const Json& b, const ModelInfo& model, GenerationOptions& g)
         bad_request("logit_bias", fmt::format("logit_bias: '{}' is not a token id from 0 to {}", printable(key, 40),
                                               model.vocab_size - 1));
       if (!value.is_number() || !std::isfinite(value.get<double>()) || std::fabs(value.get<double>()) > 100)
-        bad_request("logit_bias", fmt::format("logit_bias: the bias of token {} must be a number from -100 to 100", id));
+        bad_request("logit_bias",
+                    fmt::format("logit_bias: the bias of token {} must be a number from -100 to 100", id));
       g.logit_bias.emplace_back(int32_t(id), value.get<float>());
     }
   }
@@ -200,7 +201,8 @@ void parse_max_tokens(const Json& b, const ModelInfo& model, ParsedRequest& r) {
   const int64_t lo = r.endpoint == Endpoint::Chat ? 1 : 0;
   std::optional<int64_t> n = get_int(b, "max_completion_tokens", lo, std::numeric_limits<int32_t>::max());
   if (!n) n = get_int(b, "max_tokens", lo, std::numeric_limits<int32_t>::max());
-  r.gen.max_tokens = int(n ? std::min<int64_t>(*n, room) : r.endpoint == Endpoint::Chat ? room : std::min<int64_t>(16, room));
+  const int64_t fallback = r.endpoint == Endpoint::Chat ? room : std::min<int64_t>(16, room);
+  r.gen.max_tokens = int(n ? std::min<int64_t>(*n, room) : fallback);
 }
 
 // An assistant message's tool call arguments as the chat templates read them: an object. OpenAI
@@ -263,7 +265,8 @@ Json chat_message(const Json& m, size_t i) {
       const Json* fn = c.is_object() ? field(c, "function") : nullptr;
       const Json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
       if (!name || !name->is_string())
-        bad_request(cw, fmt::format("'{}' must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", cw));
+        bad_request(cw, fmt::format("'{}' must be {{\"type\": \"function\", \"function\": "
+                                    "{{\"name\", \"arguments\"}}}}", cw));
       const Json* args = field(*fn, "arguments");
       Json call = {{"type", "function"},
                    {"function", {{"name", *name},
@@ -309,7 +312,8 @@ ChatTemplateInputs chat_inputs(const Json& b, bool add_generation_prompt) {
                     fmt::format("'tools[{}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
                                 "\"description\": ..., \"parameters\": {{...}}}}}}", i));
       if (const Json* params = field(*fn, "parameters"); params && !params->is_object())
-        bad_request(fmt::format("tools[{}].function.parameters", i), "a tool's 'parameters' must be a JSON schema object");
+        bad_request(fmt::format("tools[{}].function.parameters", i),
+                    "a tool's 'parameters' must be a JSON schema object");
     }
     if (use_tools && !tools->empty()) in.tools = *tools;
   }
@@ -318,7 +322,8 @@ ChatTemplateInputs chat_inputs(const Json& b, bool add_generation_prompt) {
     for (const auto& [key, value] : kw->items()) {
       if (key == "enable_thinking") {
         if (!value.is_boolean())
-          bad_request("chat_template_kwargs.enable_thinking", "'chat_template_kwargs.enable_thinking' must be true or false");
+          bad_request("chat_template_kwargs.enable_thinking",
+                      "'chat_template_kwargs.enable_thinking' must be true or false");
         in.enable_thinking = value.get<bool>();
       } else if (key == "add_generation_prompt") {
         if (!value.is_boolean()) bad_request("chat_template_kwargs.add_generation_prompt", "must be true or false");
@@ -512,7 +517,8 @@ std::string_view settled(std::string_view text) {
       }
   text = text.substr(0, cut);
   const size_t call = text.rfind(kCall);
-  if (call != std::string_view::npos && text.find(kCallEnd, call) == std::string_view::npos) text = text.substr(0, call);
+  if (call != std::string_view::npos && text.find(kCallEnd, call) == std::string_view::npos)
+    text = text.substr(0, call);
   const size_t channel = text.rfind(kChannel);
   if (channel != std::string_view::npos && text.find(kChannelEnd, channel) == std::string_view::npos) {
     const std::string_view inner = text.substr(channel + kChannel.size());

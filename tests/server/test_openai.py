@@ -198,7 +198,8 @@ def test_tool_calls(tool_caller, client_for):
             calls += c.delta.tool_calls or []
             finish = c.finish_reason or finish
     assert content == "" and finish == "tool_calls"
-    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == [(0, "get_time", {"tz": "UTC"})]
+    got = [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls]
+    assert got == [(0, "get_time", {"tz": "UTC"})]
     # With thinking on, the thought channel comes back apart, as reasoning_content.
     r = client.chat.completions.create(model=tool_caller.model, messages=msgs, tools=TOOLS, max_tokens=64,
                                        extra_body={"chat_template_kwargs": {"enable_thinking": True}})
