@@ -129,6 +129,7 @@ void register_serve(CLI::App& app) {
       server.stop();
       const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
       while (!served) {
+        server.stop();  // again, in case the signal came before the server was listening
         if (wait_signal(stop_signals, std::chrono::milliseconds(100)) || std::chrono::steady_clock::now() > deadline) {
           log_line("cancelling the requests in flight");
           engine.shutdown(/*drain=*/false);

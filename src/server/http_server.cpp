@@ -3,11 +3,12 @@
 // and then waits on its RequestStream, writing SSE chunks as events arrive.
 #include "server/http_server.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <chrono>
+#include <mutex>
+
 #include <fmt/format.h>
+#include <httplib.h>
 
 #include "core/error.h"
 #include "models/model_config.h"
@@ -107,6 +108,8 @@ struct HttpServer::Impl {
   int port = 0;
   int64_t created = unix_time();
   std::atomic<bool> stopping{false};
+  std::mutex stop_mu;
+  bool stop_sent = false;  // httplib's stop() may run once per listen (it asserts on a second call)
 
   Impl(AsyncEngine& e, ServerOptions o) : engine(e), opts(std::move(o)) {
     const std::string name = opts.served_model_name.empty() ? engine.model_name() : opts.served_model_name;
@@ -387,13 +390,17 @@ HttpServer::~HttpServer() = default;
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::run() {
+  if (impl_->stopping) return;
   MB_CHECK(impl_->http.listen_after_bind() || impl_->stopping, "serve: listening on {}:{} failed", impl_->opts.host,
            impl_->port);
 }
 
 void HttpServer::stop() {
+  std::lock_guard<std::mutex> lock(impl_->stop_mu);
   impl_->stopping = true;
+  if (impl_->stop_sent || !impl_->http.is_running()) return;
   impl_->http.stop();
+  impl_->stop_sent = true;
 }
 
 }  // namespace mb::server

@@ -37,7 +37,9 @@ class HttpServer {
   // Serves until stop(); returns once every connection's request has been answered.
   void run();
   // From any thread: stop accepting connections; requests in flight go on (cancel them through
-  // the engine to end them sooner). /health answers 503 from now on for load balancers.
+  // the engine to end them sooner). /health answers 503 from now on for load balancers. A call
+  // that comes before run() has started listening may leave it listening: call again until
+  // run() returns.
   void stop();
 
  private:

@@ -128,7 +128,7 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0():
     def stream():
         r = requests.post(s.url + CHAT, json={"messages": HELLO, "max_tokens": 40, "ignore_eos": True,
                                               "stream": True}, stream=True)
-        result["lines"] = [l for l in r.iter_lines() if l]
+        result["lines"] = [l for l in r.iter_lines() if l.startswith(b"data: ")]  # not ": keep-alive"
     t = threading.Thread(target=stream)
     t.start()
     assert wait_for(lambda: s.metrics()["markbase_num_requests_running"] >= 1)
@@ -143,6 +143,14 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0():
         assert False, "still listening"
     except requests.ConnectionError:
         pass
+
+
+def test_sigterm_right_after_start():
+    for _ in range(3):
+        s = Server(GEMMA3, "--ctx", 256)
+        t0 = time.monotonic()
+        assert s.stop(signal.SIGTERM, timeout=20) == 0, s.log()
+        assert time.monotonic() - t0 < 10
 
 
 def test_chat_page_is_served(gemma3):
