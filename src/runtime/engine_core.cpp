@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include <fmt/ranges.h>
@@ -28,6 +29,17 @@ uint64_t random_seed() {
 }
 
 constexpr int64_t kDefaultPageTokens = 16;
+
+// No NaN or infinity among x[0, n): on the exponent bits, so that the loop vectorizes.
+bool all_finite(const float* x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    bad |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
 
 // The generated text and how much of it the client has been given. While stop strings are
 // watched for, text that could still become one is held back until a later token decides.
@@ -257,18 +269,9 @@ void EngineCore::finish(Request& r, Choice& c, const std::string& reason_in, con
   r.stream->push(std::move(e));
 }
 
-void EngineCore::emit(Request& r, Choice& c, int32_t token, const std::vector<float>& logits, size_t row,
-                      bool& stop) {
-  const int64_t V = model_->config().vocab_size;
+void EngineCore::emit(Request& r, Choice& c, GeneratedToken g) {
   const auto now = Clock::now();
-  GeneratedToken g;
-  g.token = token;
-  if (r.opts.logprobs || r.opts.top_logprobs > 0) {
-    const Logprobs lp = mb::logprobs(std::span<const float>(logits.data() + row * size_t(V), size_t(V)), token,
-                                     r.opts.top_logprobs);
-    g.logprob = lp.chosen;
-    for (const auto& [id, p] : lp.top) g.top.push_back({id, p});
-  }
+  const int32_t token = g.token;
   ++c.generated;
   ++r.usage.completion_tokens;
   ++m_.generated_tokens_total;
@@ -284,7 +287,7 @@ void EngineCore::emit(Request& r, Choice& c, int32_t token, const std::vector<fl
   const bool eos = (!r.opts.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) ||
                    std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end();
   c.cut = c.text->append(c.detok && !eos ? c.detok->push(token) : std::string());
-  stop = eos || c.cut;
+  const bool stop = eos || c.cut;
   StreamEvent e;
   e.index = c.index;
   e.tokens.push_back(std::move(g));
@@ -323,24 +326,57 @@ void EngineCore::step() {
   }
   runner_->run(chunks, all_rows, out_);
   scheduler_->computed(chunks);
-  const int64_t V = model_->config().vocab_size;
+  const size_t V = size_t(model_->config().vocab_size);
+  // Picking the next tokens is independent per sequence and, at temperature > 0 over a 262k
+  // vocabulary, costs about as much as a small forward pass: it runs on the pool, one sequence a
+  // task; what touches streams and metrics runs after, in order.
+  struct Pick {
+    bool finite = true, sample = false;
+    GeneratedToken token;
+  };
+  std::vector<Pick> picks(chunks.size());
+  ThreadPool::global().parallel_for(int64_t(chunks.size()), 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> adjusted;
+    for (int64_t i = b; i < e; ++i) {
+      const ScheduledChunk& ch = chunks[size_t(i)];
+      Choice& c = *static_cast<Choice*>(ch.seq);
+      Pick& pk = picks[size_t(i)];
+      if (c.done || out_.n_rows[size_t(i)] == 0) continue;
+      const float* rows = out_.logits.data() + size_t(out_.first_row[size_t(i)]) * V;
+      pk.finite = all_finite(rows, size_t(out_.n_rows[size_t(i)]) * V);
+      pk.sample = pk.finite && ch.samples && owner[size_t(i)]->opts.max_tokens > 0;
+      if (!pk.sample) continue;
+      const Request& r = *owner[size_t(i)];
+      const std::span<const float> raw(out_.logits.data() + size_t(out_.first_row[size_t(i)] + out_.n_rows[size_t(i)] - 1) * V, V);
+      std::span<const float> logits = raw;
+      if (r.adjust.any()) {
+        adjusted.assign(raw.begin(), raw.end());
+        c.history.adjust(adjusted, r.adjust);
+        logits = adjusted;
+      }
+      pk.token.token = c.sampler->sample(logits);
+      if (r.opts.logprobs || r.opts.top_logprobs > 0) {
+        const Logprobs lp = logprobs(raw, pk.token.token, r.opts.top_logprobs);
+        pk.token.logprob = lp.chosen;
+        for (const auto& [id, p] : lp.top) pk.token.top.push_back({id, p});
+      }
+    }
+  });
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ScheduledChunk& ch = chunks[i];
     Choice& c = *static_cast<Choice*>(ch.seq);
     Request& r = *owner[i];
     if (c.done) continue;
-    // Every row must be finite: a NaN would otherwise pass for a token.
-    const float* rows = out_.logits.data() + size_t(std::max<int64_t>(out_.first_row[i], 0)) * size_t(V);
-    const size_t n_rows = size_t(out_.n_rows[i]);
-    if (!std::all_of(rows, rows + n_rows * size_t(V), [](float x) { return std::isfinite(x); })) {
+    if (!picks[i].finite) {  // a NaN would otherwise pass for a token
       finish(r, c, "error", "the model produced a non-finite logit");
       continue;
     }
     if (all_rows[i]) {  // rows already taken before a preemption are not taken twice
+      const float* rows = out_.logits.data() + size_t(out_.first_row[i]) * V;
       const int64_t from = std::max(ch.begin, r.prompt_rows), to = std::min(ch.begin + ch.count, c.n_prompt);
       if (to > from) {
-        r.prompt_logits.insert(r.prompt_logits.end(), rows + size_t(from - ch.begin) * size_t(V),
-                               rows + size_t(to - ch.begin) * size_t(V));
+        r.prompt_logits.insert(r.prompt_logits.end(), rows + size_t(from - ch.begin) * V,
+                               rows + size_t(to - ch.begin) * V);
         r.prompt_rows = to;
       }
       if (ch.begin + ch.count >= c.n_prompt && !r.prompt_logits_sent) {
@@ -355,15 +391,7 @@ void EngineCore::step() {
       finish(r, c, "length");
       continue;
     }
-    const size_t row = size_t(out_.first_row[i] + out_.n_rows[i] - 1);
-    std::span<const float> logits(out_.logits.data() + row * size_t(V), size_t(V));
-    if (r.adjust.any()) {
-      row_.assign(logits.begin(), logits.end());
-      c.history.adjust(row_, r.adjust);
-      logits = row_;
-    }
-    bool stop = false;
-    emit(r, c, c.sampler->sample(logits), out_.logits, row, stop);
+    emit(r, c, std::move(picks[i].token));
   }
   requests_.remove_if([](const std::unique_ptr<Request>& r) { return r->open == 0; });
   recent_.push_back({Clock::now(), m_.generated_tokens_total});

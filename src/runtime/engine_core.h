@@ -52,7 +52,7 @@ class EngineCore {
   struct Choice;
   struct Request;
   void finish(Request& r, Choice& c, const std::string& reason, const std::string& error = "");
-  void emit(Request& r, Choice& c, int32_t token, const std::vector<float>& logits, size_t row, bool& stop);
+  void emit(Request& r, Choice& c, GeneratedToken token);
 
   EngineOptions opts_;
   std::shared_ptr<Checkpoint> ck_;
@@ -67,7 +67,6 @@ class EngineCore {
   std::list<std::unique_ptr<Request>> requests_;
   int64_t next_seq_id_ = 0;
   ModelRunner::Output out_;
-  std::vector<float> row_;  // one row of logits, adjusted
 
   // Metrics.
   EngineMetrics m_;
