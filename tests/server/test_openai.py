@@ -72,6 +72,9 @@ def test_completions_and_logprobs(gemma3, client_for):
     ids = requests.post(gemma3.url + "/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
     r2 = client.completions.create(model=gemma3.model, prompt=ids, max_tokens=8, temperature=0)
     assert r2.choices[0].text == c.text and r2.usage.prompt_tokens == len(ids)
+    echoed = client.completions.create(model=gemma3.model, prompt="The capital of France is", max_tokens=8,
+                                       temperature=0, echo=True)
+    assert echoed.choices[0].text == "The capital of France is" + c.text
     assert requests.post(gemma3.url + "/detokenize", json={"tokens": ids}).json()["prompt"] == \
         "<bos>The capital of France is"
 
@@ -92,6 +95,10 @@ def test_sampling_options(gemma3, client_for):
     b = client.chat.completions.create(**kw, extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
     assert len(a.choices) == 2 and [c.index for c in a.choices] == [0, 1]
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]  # seeded
+    # Streamed, the two choices interleave by index and add up to the same texts.
+    text, finish, _, roles = stream_text(client.chat.completions.create(
+        **kw, stream=True, extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}))
+    assert [text[0], text[1]] == [c.message.content for c in a.choices] and roles == 2
     r = client.chat.completions.create(model=gemma3.model, messages=HELLO, max_tokens=1)
     assert r.usage.completion_tokens == 1 and r.choices[0].finish_reason == "length"
     # A stop string ends the reply without itself.
