@@ -62,3 +62,19 @@ def test_chat_page_streams_and_stops(gemma3, browser):
     assert find("#stop").get_property("disabled") and not find("#send").get_property("disabled")
     assert wait_for(lambda: gemma3.metrics()["markbase_num_requests_running"] == 0, timeout=5)
     assert wait_for(lambda: sum("stream" in l and "cancelled" in l for l in gemma3.lines) > cancelled, timeout=5)
+
+
+def test_chat_page_shows_thinking_and_tool_calls_apart(tool_caller, browser):
+    """tool_caller thinks "ok" and then calls get_time: the page puts each in its own place."""
+    from selenium.webdriver.common.by import By
+    browser.get(tool_caller.url + "/")
+    find = lambda css: browser.find_element(By.CSS_SELECTOR, css)
+    assert wait_for(lambda: tool_caller.model in find("#model").text, timeout=10)
+    find("#thinking").click()
+    find("#input").send_keys("What time is it?")
+    find("#send").click()
+    assert wait_for(lambda: "tool_calls" in find(".msg.assistant .stats").text, timeout=30)
+    thinking = find(".msg.assistant details.thinking")
+    assert thinking.is_displayed() and thinking.text.replace("Thinking", "").strip() == "ok"
+    assert find(".msg.assistant .tool-call").text == '→ get_time({"tz":"UTC"})'
+    assert find(".msg.assistant .content").text == ""
