@@ -27,11 +27,18 @@ def browser():
     d.quit()
 
 
+def open_page(server, browser):
+    """Loads the page and waits for it to name the model; returns a find-by-CSS function."""
+    from selenium.webdriver.common.by import By
+    browser.get(server.url + "/")
+    find = lambda css: browser.find_element(By.CSS_SELECTOR, css)
+    assert wait_for(lambda: server.model in find("#model").text, timeout=10)
+    return find
+
+
 def test_chat_page_streams_and_stops(gemma3, browser):
     from selenium.webdriver.common.by import By
-    browser.get(gemma3.url + "/")
-    find = lambda css: browser.find_element(By.CSS_SELECTOR, css)
-    assert wait_for(lambda: gemma3.model in find("#model").text, timeout=10)
+    find = open_page(gemma3, browser)
 
     # One whole reply: streamed into the assistant bubble, with its stats line.
     find("#max-tokens").clear()
@@ -66,10 +73,7 @@ def test_chat_page_streams_and_stops(gemma3, browser):
 
 def test_chat_page_shows_thinking_and_tool_calls_apart(tool_caller, browser):
     """tool_caller thinks "ok" and then calls get_time: the page puts each in its own place."""
-    from selenium.webdriver.common.by import By
-    browser.get(tool_caller.url + "/")
-    find = lambda css: browser.find_element(By.CSS_SELECTOR, css)
-    assert wait_for(lambda: tool_caller.model in find("#model").text, timeout=10)
+    find = open_page(tool_caller, browser)
     find("#thinking").click()
     find("#input").send_keys("What time is it?")
     find("#send").click()
