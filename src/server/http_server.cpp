@@ -177,8 +177,8 @@ struct HttpServer::Impl {
       send_error(res, ApiError(500, fmt::format("internal error: {}", what)));
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      log(fmt::format("{} {} {} {:.3f}s {}", req.method, req.path, res.status, seconds_since(t_request_start),
-                      t_log_detail));
+      log(fmt::format("{} {} {} {:.3f}s{}{}", req.method, req.path, res.status, seconds_since(t_request_start),
+                      t_log_detail.empty() ? "" : " ", t_log_detail));
       t_log_detail.clear();
     });
 
