@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages MarkBase builds with. Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(g++ cmake ninja-build nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
-      libbenchmark-dev python3 clang libclang-rt-14-dev)
+# libcpp-httplib-dev: `markbase serve`; chromium + chromium-driver: the chat page's test (tests/server).
+PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
+      libbenchmark-dev libcpp-httplib-dev python3 python3-pip clang libclang-rt-14-dev chromium chromium-driver)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -11,4 +12,9 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+# The server tests' Python side (tests/server): the official OpenAI client, selenium for Chromium.
+PY_PKGS=(openai selenium pytest requests)
+if ! python3 -c 'import openai, selenium, pytest, requests' 2>/dev/null; then
+  python3 -m pip install -q "${PY_PKGS[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${PY_PKGS[@]}"
 fi

@@ -16,6 +16,10 @@ for flavour in release sanitize; do
   if [ "$flavour" = sanitize ]; then export MARKBASE_POISON_SCRATCH=1; else unset MARKBASE_POISON_SCRATCH; fi
   ctest --test-dir "$dir" --output-on-failure -j2 || status=1
 done
+# Under a minute: `markbase serve` and `markbase chat` (release build) with the openai client, raw HTTP
+# and headless Chromium.
+echo "=== server tests (${SECONDS} s in)"
+MARKBASE_BIN=build/bin/markbase MARKBASE_POISON_SCRATCH= python3 -m pytest -q -p no:cacheprovider tests/server || status=1
 # About 2 minutes on 2 cores: ~1 minute to build, then 4 targets x 30 s, two at a time.
 echo "=== fuzzing the file, template, chat request and model output parsers (${SECONDS} s in)"
 tools/fuzz.sh 60 || status=1
