@@ -30,11 +30,12 @@ deps_debs=${DEPS_DEBS:-$root/build-devdeps}
 declare -A debs=([nlohmann_json]="nlohmann-json3-dev" [CLI11]="libcli11-dev" [fmt]="libfmt-dev libfmt9"
                  [GTest]="libgtest-dev libgmock-dev")
 
+# shellcheck source=tools/device/lib.sh
+source "$root/tools/device/lib.sh"
+
 if [[ ${1:-} == --fetch-deps ]]; then
-  mkdir -p "$deps_debs"
   # shellcheck disable=SC2046
-  (cd "$deps_debs" && apt-get download $(printf '%s ' "${debs[@]}"))
-  ls -l "$deps_debs"
+  devdeps_fetch "$deps_debs" $(printf '%s ' "${debs[@]}")
   exit 0
 fi
 [[ $# -eq 0 ]] || { echo "usage: OUT=DIR $0 | $0 --fetch-deps" >&2; exit 2; }
@@ -47,16 +48,7 @@ say() { printf '%s\n' "$*" | tee -a "$summary"; }
 t_start=$SECONDS
 
 # ---------------------------------------------------------------- the machine and the commit
-# A COMMIT file wins: the copy of the tree a device call gets may carry a stale .git.
-commit=unknown
-if [[ -f $root/COMMIT ]]; then
-  commit="$(head -n 1 "$root/COMMIT") (from COMMIT)"
-elif git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
-  commit=$(git -C "$root" rev-parse HEAD)
-  if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-    commit+=" (with uncommitted changes)"
-  fi
-fi
+commit=$(device_commit "$root")
 lscpu_field() { lscpu 2>/dev/null | sed -n "s/^$1: *//p" | head -n 1; }
 flags=$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has_flag() { [[ " $flags " == *" $1 "* ]]; }
@@ -82,41 +74,14 @@ if [[ ! -e $root/../shared ]]; then
   fi
 fi
 
-probe_packages() {  # prints the required CMake packages find_package cannot find
-  local dir
-  dir=$(mktemp -d)
-  cat >"$dir/CMakeLists.txt" <<'EOF'
-cmake_minimum_required(VERSION 3.16)
-project(markbase_deps_probe CXX)
-foreach(p nlohmann_json CLI11 fmt GTest)
-  find_package(${p} QUIET)
-  if(NOT ${p}_FOUND)
-    message(STATUS "MB_MISSING ${p}")
-  endif()
-endforeach()
-EOF
-  cmake -S "$dir" -B "$dir/b" 2>&1 | sed -n 's/.*MB_MISSING //p'
-  rm -rf "$dir"
-}
 command -v cmake >/dev/null || { say "cannot build: cmake is missing"; exit 2; }
 command -v c++ >/dev/null || command -v g++ >/dev/null || { say "cannot build: no C++ compiler"; exit 2; }
-mapfile -t missing < <(probe_packages)
+mapfile -t missing < <(devdeps_missing "${!debs[@]}")
 if ((${#missing[@]})) && compgen -G "$deps_debs/*.deb" >/dev/null; then
   prefix=/tmp/markbase-deps
-  rm -rf "$prefix" && mkdir -p "$prefix"
-  for d in "$deps_debs"/*.deb; do
-    if command -v dpkg-deb >/dev/null; then
-      dpkg-deb -x "$d" "$prefix"
-    else  # a .deb is an ar archive whose data.tar.* holds the files
-      member=$(ar t "$d" | grep '^data\.tar')
-      case $member in *.xz) z=-J ;; *.zst) z=--zstd ;; *.gz) z=-z ;; *) z= ;; esac
-      ar p "$d" "$member" | tar -x $z -C "$prefix" -f -
-    fi
-  done
-  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  devdeps_unpack "$deps_debs" "$prefix"
   say "packages: ${missing[*]} not installed; using the .deb files of $deps_debs (unpacked in $prefix)"
-  mapfile -t missing < <(probe_packages)
+  mapfile -t missing < <(devdeps_missing "${!debs[@]}")
 fi
 if ((${#missing[@]})); then
   need=()
@@ -128,16 +93,9 @@ if ((${#missing[@]})); then
 fi
 
 build=$root/build-isa
-# A build folder configured from another source path (a copy of the tree elsewhere) cannot be reused.
-if [[ -f $build/CMakeCache.txt ]] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$root" "$build/CMakeCache.txt"; then
-  rm -rf "$build"
-fi
-gen=(-G "Unix Makefiles"); command -v ninja >/dev/null && gen=(-G Ninja)
-say "build: ${gen[1]}, Release, $(${CXX:-c++} --version 2>/dev/null | head -n 1)," \
-    "cmake $(cmake --version | head -n 1 | awk '{print $3}')"
-if ! { cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMARKBASE_TESTS=ON \
-           -DMARKBASE_BENCH=OFF -DMARKBASE_CUDA=OFF &&
-         cmake --build "$build" --target markbase_tests -j "${JOBS:-$(nproc)}"; } >"$out/build.log" 2>&1; then
+say "build: $(command -v ninja >/dev/null && echo Ninja || echo Unix), Release, $(${CXX:-c++} --version 2>/dev/null |
+    head -n 1), cmake $(cmake --version | head -n 1 | awk '{print $3}')"
+if ! device_build "$root" "$build" markbase_tests "$out/build.log" -DMARKBASE_TESTS=ON; then
   tail -n 40 "$out/build.log"
   say "cannot build the test binary: the end of the build log is above ($out/build.log)"
   exit 2

@@ -6,7 +6,7 @@
 # Source: the llama.cpp tree vendored in PyPI's llama-cpp-python source distribution
 # (vendor/llama.cpp); no llama.cpp code lives in this repository. Result:
 #   DIR/src/llama_cpp_python-VERSION/vendor/llama.cpp   the source
-#   DIR/build/bin/llama-{bench,completion,simple,perplexity,quantize,gguf}
+#   DIR/build/bin/llama-{bench,completion,simple,perplexity,quantize,gguf} (and llama-server: PEER_SERVER=1)
 # CPU only, Release, GGML_NATIVE=ON (this machine's ISA), OpenMP on.
 # AMX is compiled out (-mno-amx-*; the AVX-512/VNNI kernels and the Q4_K 8x8 repack stay): with
 # g++ 12 the AMX matmul of llama.cpp 0c1e57098 dies with SIGSEGV at its first ldtilecfg on an AMX
@@ -14,8 +14,9 @@
 # Env: LLAMA_CPP_PYTHON_VERSION=0.3.36 pins the sdist (default: newest); JOBS (default: nproc);
 # PEER_MARCH=sapphirerapids builds for that CPU instead of this one (GGML_NATIVE=OFF, -march=...),
 # e.g. on the AVX2 dev machine for the device host's AVX-512 Xeon (the binary is then carried there).
-# llama-cli is not built: in this llama.cpp it needs LLAMA_BUILD_SERVER (server + web UI);
-# llama-completion is the plain prompt -> text tool.
+# PEER_SERVER=1 also builds llama-server (the OpenAI-compatible server, for tools/device/serve_bench.sh;
+# its web UI assets come prebuilt with the source, nothing is fetched). llama-cli is not built: it
+# needs the server too; llama-completion is the plain prompt -> text tool.
 set -euo pipefail
 
 dir=${1:-/tmp/markbase-peer}
@@ -45,6 +46,8 @@ noamx=()
 [ "${PEER_AMX:-0}" = 1 ] || noamx=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
                                   "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 command -v ninja >/dev/null && generator=(-G Ninja)
+server=OFF
+[ "${PEER_SERVER:-0}" = 1 ] && server=ON
 native=ON
 if [ -n "${PEER_MARCH:-}" ]; then
   native=OFF
@@ -57,12 +60,13 @@ cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   -DGGML_NATIVE=$native -DGGML_OPENMP=ON -DGGML_CPU=ON \
   -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
   -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
   -DLLAMA_OPENSSL=OFF \
   "${noamx[@]}" \
   ${commit:+-DLLAMA_BUILD_COMMIT=$commit}
-cmake --build "$dir/build" -j "$jobs" --target \
-  llama-bench llama-completion llama-simple llama-perplexity llama-quantize llama-gguf
+targets=(llama-bench llama-completion llama-simple llama-perplexity llama-quantize llama-gguf)
+[ "$server" = ON ] && targets+=(llama-server)
+cmake --build "$dir/build" -j "$jobs" --target "${targets[@]}"
 
 ls -l "$dir"/build/bin/llama-*
