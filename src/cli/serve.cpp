@@ -55,6 +55,7 @@ void register_serve(CLI::App& app) {
     int port = 8080, max_seqs = 16, threads = 0, max_queue = 256;
     int64_t ctx = 0;
     double timeout = 0;
+    bool no_prefix_cache = false;
     std::string max_body = "16M";
   };
   auto a = std::make_shared<Args>();
@@ -74,6 +75,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-mem", a->kv_mem, "KV cache memory, such as 512M or 4G (default: enough for --max-seqs full "
                                          "contexts, capped)")
       ->check(size_value());
+  cmd->add_flag("--no-prefix-cache", a->no_prefix_cache,
+                "compute every prompt from its first token (for comparisons; the cache changes no result)");
   add_threads_option(cmd, a->threads);
   cmd->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--timeout", a->timeout, "seconds a request may run before it ends with finish_reason \"timeout\" "
@@ -99,6 +102,8 @@ void register_serve(CLI::App& app) {
     eo.max_seqs = a->max_seqs;
     eo.max_queue = size_t(a->max_queue);
     if (!a->kv_mem.empty()) eo.kv_bytes = parse_size(a->kv_mem, "--kv-mem");
+    eo.prefix_cache = !a->no_prefix_cache;
+    eo.resident_kv = true;
     mb::AsyncEngine engine(eo);
 
     mb::server::ServerOptions so;
@@ -113,8 +118,11 @@ void register_serve(CLI::App& app) {
     so.http_threads = size_t(a->max_seqs) + size_t(a->max_queue) + 16;
     so.log = log_line;
     mb::server::HttpServer server(engine, so);
-    log_line(fmt::format("serving {} at http://{}:{} (context {} tokens, {} sequences at once{})", eo.model_path,
-                         a->host, server.port(), engine.max_context(), a->max_seqs,
+    const mb::EngineMetrics m = engine.metrics();
+    log_line(fmt::format("serving {} at http://{}:{} (context {} tokens, {} sequences at once, KV {} MiB in {} pages "
+                         "of {} tokens{}{})",
+                         eo.model_path, a->host, server.port(), engine.max_context(), a->max_seqs, m.kv_bytes >> 20,
+                         m.pages_total, m.page_tokens, eo.prefix_cache ? "" : ", no prefix cache",
                          a->api_key.empty() ? "" : ", API key required"));
 
     std::atomic<bool> served{false};

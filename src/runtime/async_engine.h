@@ -34,6 +34,10 @@ struct EngineOptions {
   int64_t step_tokens = 0;     // token budget of one step (chunked prefill); 0: the default
   size_t max_queue = 256;      // waiting requests beyond this are refused (QueueFullError)
   bool prefix_cache = true;
+  // Write the whole KV pool once at start, so its memory is taken then (as a server should: it
+  // fails at start, not under load, and its resident size stays flat); otherwise pages cost
+  // memory only once used.
+  bool resident_kv = false;
 };
 
 // Thrown by submit() when the waiting queue is full; the server answers 429.

@@ -163,14 +163,15 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   po.max_step = kMaxStepTokens;
   po.max_seqs = opts.max_seqs;
   po.prefix_cache = opts.prefix_cache;
+  po.resident = opts.resident_kv;
   const size_t one = KVPageManager::min_bytes(c, po);
   if (opts.kv_bytes > 0) {
     po.bytes = opts.kv_bytes;
   } else {
-    // Room for every sequence at full context, up to a quarter of the machine's memory (pages
-    // cost memory only once written), and never less than one sequence needs.
+    // Room for every sequence at full context, up to a quarter of the machine's memory or 8 GiB,
+    // and never less than one sequence needs.
     const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
-    po.bytes = std::max(one, std::min(one * size_t(opts.max_seqs), ram / 4));
+    po.bytes = std::max(one, std::min({one * size_t(opts.max_seqs), ram / 4, size_t(8) << 30}));
   }
   pages_ = std::make_unique<KVPageManager>(c, *backend_, po);
   SchedulerOptions so;
@@ -420,6 +421,7 @@ EngineMetrics EngineCore::metrics() const {
   m.pages_total = pages_->pages_total();
   m.pages_used = pages_->pages_used();
   m.pages_cached = pages_->pages_cached();
+  m.kv_bytes = int64_t(pages_->bytes());
   m.prefix_query_tokens = scheduler_->prefix_query_tokens();
   m.prefix_hit_tokens = scheduler_->prefix_hit_tokens();
   return m;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/splitmix64.h"
+#include "core/thread_pool.h"
 
 namespace mb {
 
@@ -91,6 +92,16 @@ KVPageManager::KVPageManager(const ModelConfig& cfg, Backend& backend, const KVP
     p.v.push_back(backend.alloc(DType::F32, shape));
     bytes_ += p.k.back().nbytes() + p.v.back().nbytes();
   }
+  if (opts.resident && backend.device() == Device::CPU)
+    for (Pool& p : pools_)
+      for (const std::vector<Tensor>* ts : {&p.k, &p.v})
+        for (const Tensor& t : *ts) {
+          uint8_t* data = static_cast<uint8_t*>(t.data);
+          const int64_t n = int64_t(t.nbytes()), piece = int64_t(1) << 21;
+          ThreadPool::global().parallel_for((n + piece - 1) / piece, 1, [&](int64_t b, int64_t e) {
+            std::memset(data + b * piece, 0, size_t(std::min(n, e * piece) - b * piece));
+          });
+        }
   for (Pool& p : pools_) {
     p.refs.assign(size_t(p.n_pages), 0);
     p.hash.assign(size_t(p.n_pages), 0);

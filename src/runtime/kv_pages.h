@@ -38,6 +38,7 @@ struct KVPageOptions {
   int max_seqs = 1;           // sequences running at once (sizes the sliding pool)
   size_t bytes = 0;           // page memory of both pools; must hold one sequence of max_context
   bool prefix_cache = true;
+  bool resident = false;      // write every page once at start (host memory backends)
 };
 
 // One sequence's pages: a table per group, entries -1 where it holds none.
