@@ -158,7 +158,7 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
   mb::Tensor q = random_tensor(DType::F32, {n, nh, hd}, 13), o = mb::host_tensor(DType::F32, {n, nh, hd});
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t(ctx - n + t);
-  mb::cpu::AttnArgs a{q.f32(), o.f32(), k.f32(), v.f32(), pos.data(), n, nh, nkv, hd, cap, window > 0, window,
+  mb::cpu::AttnArgs a{q.f32(), o.f32(), k.f32(), v.f32(), pos.data(), n, nh, nkv, hd, cap, window > 0, nullptr, 0, window,
                       1.f, 0.f};
   double flops = 0;
   for (int64_t t = 0; t < n; ++t) {

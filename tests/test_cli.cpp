@@ -385,7 +385,13 @@ TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
       {"generate -p hi --top_k 3" + m, "unknown option '--top_k' for markbase generate; did you mean --top-k?"},
       {"generate -p hi --bogus" + m, "unknown option '--bogus' for markbase generate"},
       {"bench -p 512", "llama.cpp's -p is --pp here"},
-      {"foo", "unknown subcommand 'foo' (subcommands: generate, logits, info, tokenize, bench, quantize)"},
+      {"serve --kv-mem 4X" + m, "--kv-mem: expected a size such as 512M, 4G or a number of bytes, got '4X'"},
+      {"serve --kv-mem -1G" + m, "got '-1G'"},
+      {"serve --port 70000" + m, "--port: expected a whole number from 0 to 65535, got '70000'"},
+      {"serve --max-seqs 0" + m, "--max-seqs: expected a whole number from 1 to 4096, got '0'"},
+      {"serve -np 4" + m, "llama.cpp's -np is --max-seqs here"},
+      {"chat --top-p 0" + m, "--top-p: expected a number > 0 and <= 1, got '0'"},
+      {"foo", "unknown subcommand 'foo' (subcommands: generate, logits, info, tokenize, bench, quantize, serve, chat)"},
       {"", "give a subcommand: generate, logits, info, tokenize, bench, quantize"},
       {m + " generate -p hi", "unknown option '-m' before the subcommand"},
   };
@@ -396,6 +402,17 @@ TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
     EXPECT_TRUE(has(r.out, expected)) << args << "\n" << r.out;
     EXPECT_FALSE(has(r.out, "17976931348623157")) << args;  // the 309-digit range CLI11 printed
   }
+}
+
+TEST(CliFlags, SizesTakeBinaryUnits) {
+  EXPECT_EQ(mb::cli::parse_size("512M", "--kv-mem"), size_t(512) << 20);
+  EXPECT_EQ(mb::cli::parse_size("4G", "--kv-mem"), size_t(4) << 30);
+  EXPECT_EQ(mb::cli::parse_size("1.5GiB", "--kv-mem"), size_t(3) << 29);
+  EXPECT_EQ(mb::cli::parse_size("64k", "--kv-mem"), size_t(64) << 10);
+  EXPECT_EQ(mb::cli::parse_size("1000", "--kv-mem"), size_t(1000));
+  EXPECT_EQ(mb::cli::parse_size("2TB", "--kv-mem"), size_t(2) << 40);
+  for (const char* bad : {"", "M", "4X", "4MM", "-1G", "inf", "1e30G", "4 G"})
+    EXPECT_THROW(mb::cli::parse_size(bad, "--kv-mem"), mb::Error) << bad;
 }
 
 TEST(CliFlags, ValuesThatLookLikeOptionsStayValues) {

@@ -453,7 +453,7 @@ void run_attention_case(const AttnCase& c, std::mt19937& rng) {
   const double tol = 2e-6 * (1 + smax);
   std::vector<float> out;
   mb::cpu::AttnArgs a{q.data(), nullptr, kst.data(), vst.data(), pos.data(), c.n, c.nh, c.nkv, c.hd, cap,
-                      c.ring, c.window, c.scale, c.softcap};
+                      c.ring, nullptr, 0, c.window, c.scale, c.softcap};
   for (Isa isa : paths()) {
     UseIsa u(isa);
     out.assign(ref.size() + 1, -1.f);
@@ -535,7 +535,7 @@ TEST(KernelAttention, SequencesInOneCallEqualEachAlone) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     const int64_t cap = seqs[i].ring ? window - 1 + seqs[i].n : seqs[i].len;
     args.push_back({qs[i].data(), nullptr, ks[i].data(), vs[i].data(), ps[i].data(), seqs[i].n, nh, nkv, hd, cap,
-                    seqs[i].ring, seqs[i].ring ? window : 0, 0.125f, 0.f});
+                    seqs[i].ring, nullptr, 0, seqs[i].ring ? window : 0, 0.125f, 0.f});
   }
   for (Isa isa : paths()) {
     UseIsa u(isa);
@@ -814,3 +814,55 @@ TEST(BackendRope, KeptAnglesFollowChangedPositionsAndFrequencies) {
 }
 
 }  // namespace
+
+// The serving runtime's paged KV: keys and values scattered over a pool's pages in any order give
+// the bits the same rows give in one contiguous store, for prefill blocks, windows and decode
+// (including the split-key path a single decode token takes on many threads).
+TEST(Attention, PagedRowsGiveTheContiguousBits) {
+  std::mt19937 rng(11);
+  const int64_t nh = 8, nkv = 2, hd = 64, len = 300, page = 32, n_pages = (len + page - 1) / page;
+  const int64_t row = nkv * hd;
+  const auto k = randn(size_t(len * row), rng, 0.5f), v = randn(size_t(len * row), rng);
+  // Pool of 2 x n_pages pages; the sequence's pages in a scrambled order, a page of -1 first
+  // (out of every window below it is never read).
+  std::vector<int32_t> pages(static_cast<size_t>(n_pages));
+  for (int64_t p = 0; p < n_pages; ++p) pages[size_t(p)] = int32_t((p * 7 + 3) % (2 * n_pages));
+  std::vector<float> pk(size_t(2 * n_pages * page * row), std::nanf("")), pv = pk;
+  for (int64_t j = page; j < len; ++j) {
+    const int64_t r = pages[size_t(j / page)] * page + j % page;
+    std::copy_n(k.begin() + j * row, row, pk.begin() + r * row);
+    std::copy_n(v.begin() + j * row, row, pv.begin() + r * row);
+  }
+  pages[0] = -1;
+  for (const int64_t n : {int64_t(1), int64_t(5), int64_t(40)})
+    for (const int window : {0, 64}) {
+      const auto q = randn(size_t(n * nh * hd), rng, 0.5f);
+      std::vector<int32_t> pos;
+      for (int64_t t = 0; t < n; ++t) pos.push_back(int32_t(len - n + t));
+      std::vector<int32_t> table = pages;
+      if (window == 0) {  // every key from 0 is read: the first page gets its rows back
+        table[0] = 0;  // (p * 7 + 3) % 20 is never 0 for p < 10: a page no other entry uses
+        for (int64_t j = 0; j < page; ++j) {
+          std::copy_n(k.begin() + j * row, row, pk.begin() + (table[0] * page + j) * row);
+          std::copy_n(v.begin() + j * row, row, pv.begin() + (table[0] * page + j) * row);
+        }
+      }
+      std::vector<float> flat(size_t(n * nh * hd)), paged(flat.size());
+      mb::cpu::AttnArgs a{q.data(), flat.data(), k.data(), v.data(), pos.data(), n, nh, nkv, hd, len,
+                          false, nullptr, 0, window, 0.125f, 0.f};
+      mb::cpu::AttnArgs b = a;
+      b.out = paged.data();
+      b.k = pk.data();
+      b.v = pv.data();
+      b.capacity = 2 * n_pages * page;
+      b.pages = table.data();
+      b.page_size = page;
+      for (Isa isa : paths()) {
+        UseIsa u(isa);
+        mb::cpu::attention(&a, 1);
+        mb::cpu::attention(&b, 1);
+        for (size_t i = 0; i < flat.size(); ++i)
+          ASSERT_EQ(flat[i], paged[i]) << mb::cpu::isa_name(isa) << " n=" << n << " window=" << window << " i=" << i;
+      }
+    }
+}

@@ -47,7 +47,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"backends", {"core", "backends"}},
       {"models", {"core", "formats", "tokenizer", "backends", "models"}},
       {"runtime", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase"}},
-      {"cli", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase", "cli"}},
+      {"server", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase", "server"}},
+      {"cli", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase", "server", "cli"}},
   };
   return m;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages MarkBase builds with. Idempotent: does nothing when all are present.
 set -euo pipefail
-PKGS=(g++ cmake ninja-build nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
-      libbenchmark-dev python3 clang libclang-rt-14-dev nginx)
+# libcpp-httplib-dev: `markbase serve`; chromium + chromium-driver: the chat page's test (tests/server);
+# nginx: the replicas test (tests/deploy).
+PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
+      libbenchmark-dev libcpp-httplib-dev python3 python3-pip clang libclang-rt-14-dev chromium chromium-driver nginx)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -12,5 +14,9 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
-# The load generator and the deploy tests (bench/serve_load.py, tests/deploy) are Python on PyPI packages.
-python3 -c 'import httpx, pytest' 2>/dev/null || python3 -m pip install -q 'httpx>=0.27' 'pytest>=7'
+# The server tests (tests/server: the official OpenAI client, selenium for Chromium), the load generator
+# and the deploy tests (bench/serve_load.py, tests/deploy): Python packages from PyPI.
+PY_PKGS=(openai selenium pytest requests 'httpx>=0.27')
+if ! python3 -c 'import openai, selenium, pytest, requests, httpx' 2>/dev/null; then
+  python3 -m pip install -q "${PY_PKGS[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${PY_PKGS[@]}"
+fi

@@ -12,13 +12,22 @@
 
 namespace mb {
 
-// One layer's KV storage for one sequence: rows indexed by slot; a position's slot is
-// `pos % capacity` for a ring (sliding-window layers), else `pos`. Rows hold [n_kv_heads, head_dim].
+// One layer's KV storage as one sequence sees it: rows of [n_kv_heads, head_dim]. A position's
+// row is found through the sequence's page table when it has one (the serving runtime's paged
+// memory: row pages[pos / page_size] * page_size + pos % page_size of a pool shared by many
+// sequences), else it is `pos % capacity` for a ring (sliding-window layers) or `pos`. Ops read
+// and write only the rows of positions the call names (each query's window), so a page table may
+// hold -1 for pages the sequence no longer has.
 struct KVStore {
   Tensor k, v;  // [capacity, n_kv_heads, head_dim]
   int64_t capacity = 0;
   bool ring = false;
-  int64_t slot(int64_t pos) const { return ring ? pos % capacity : pos; }
+  const int32_t* pages = nullptr;
+  int64_t page_size = 0;  // a power of two
+  int64_t n_pages = 0;  // entries of `pages`
+  int64_t slot(int64_t pos) const {
+    return pages ? int64_t(pages[pos / page_size]) * page_size + pos % page_size : ring ? pos % capacity : pos;
+  }
 };
 
 struct AttentionParams {

@@ -12,6 +12,8 @@ void register_info(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_quantize(CLI::App& app);
+void register_serve(CLI::App& app);
+void register_chat(CLI::App& app);
 
 // $MARKBASE_MODEL, else the Gemma 3 270M GGUF that tools/setup.sh installs; throws if absent.
 std::string default_model_path();

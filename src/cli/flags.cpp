@@ -97,6 +97,46 @@ CLI::Validator seed_value() {
 
 namespace {
 
+// Why `s` is no memory size ("" when it is one); the size in *bytes.
+std::string size_problem(const std::string& s, size_t* bytes) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  std::string unit(end, s.data() + s.size());
+  for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();  // 4GB, 4GiB, 512B
+  if (unit.size() == 2 && unit.back() == 'I') unit.pop_back();
+  const size_t power = unit.empty() ? 0 : std::string("KMGT").find(unit) + 1;  // npos + 1 == 0: unknown
+  const bool unit_ok = unit.empty() || (unit.size() == 1 && power > 0);
+  if (ec == std::errc() && end != s.data() && std::isfinite(v) && v >= 0 && unit_ok) {
+    const double b = v * std::pow(1024.0, double(power));
+    if (b < 9e18) {
+      *bytes = size_t(b);
+      return "";
+    }
+  }
+  return fmt::format("expected a size such as 512M, 4G or a number of bytes, got '{}'", printable(s, 40));
+}
+
+}  // namespace
+
+CLI::Validator size_value() {
+  return CLI::Validator(
+      [](std::string& s) {
+        size_t b = 0;
+        return size_problem(s, &b);
+      },
+      "SIZE");
+}
+
+size_t parse_size(const std::string& s, const char* flag) {
+  size_t b = 0;
+  const std::string problem = size_problem(s, &b);
+  MB_CHECK(problem.empty(), "{}: {}", flag, problem);
+  return b;
+}
+
+namespace {
+
 // llama.cpp flags a llama.cpp user may try (llama-cli's, llama-bench's): the flag here that does
 // the same (when the subcommand has it), or why there is none.
 struct LlamaFlags {
@@ -111,6 +151,8 @@ constexpr LlamaFlags kLlamaFlags[] = {
     {"--temp", "--temperature", nullptr},
     {"-s", "--seed", nullptr},
     {"--ctx-size", "--ctx", nullptr},
+    {"-np --parallel", "--max-seqs", nullptr},
+    {"-a --alias", "--served-model-name", nullptr},
     {"--file", "-f", nullptr},
     {"-sys --system-prompt", "--system", nullptr},
     {"-r --reverse-prompt", "--stop", nullptr},

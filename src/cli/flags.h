@@ -21,6 +21,10 @@ CLI::Validator seed_value();
 // A value seed_value() accepted, or "" (not given): the seed, none for a random one.
 std::optional<uint64_t> parse_seed(const std::string& s);
 
+// A memory size: bytes, or a number with K, M, G or T (powers of 1024; "512M", "1.5G", "4GiB").
+CLI::Validator size_value();
+size_t parse_size(const std::string& s, const char* flag);
+
 // --help with each option's default at the end of its description, "(default: 32)", not glued to
 // its type and range ("INT:[0, 4096]=0"). Set on the app before the subcommands are added.
 class HelpFormatter : public CLI::Formatter {

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   mb::cli::register_tokenize(app);
   mb::cli::register_bench(app);
   mb::cli::register_quantize(app);
+  mb::cli::register_serve(app);
+  mb::cli::register_chat(app);
   try {
     mb::cli::check_command_line(app, argc, argv);
     app.parse(argc, argv);

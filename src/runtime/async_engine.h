@@ -34,6 +34,10 @@ struct EngineOptions {
   int64_t step_tokens = 0;     // token budget of one step (chunked prefill); 0: the default
   size_t max_queue = 256;      // waiting requests beyond this are refused (QueueFullError)
   bool prefix_cache = true;
+  // Write the whole KV pool once at start, so its memory is taken then (as a server should: it
+  // fails at start, not under load, and its resident size stays flat); otherwise pages cost
+  // memory only once used.
+  bool resident_kv = false;
 };
 
 // Thrown by submit() when the waiting queue is full; the server answers 429.
@@ -56,7 +60,7 @@ class RequestStream {
   RequestUsage usage() const;
 
   // Engine side.
-  explicit RequestStream(std::string id) : id_(std::move(id)) {}
+  RequestStream(std::string id, int choices) : id_(std::move(id)), open_choices_(choices) {}
   void push(StreamEvent e);
   void set_usage(const RequestUsage& u);
   bool cancel_requested() const;
@@ -67,9 +71,8 @@ class RequestStream {
   std::condition_variable cv_;
   std::deque<StreamEvent> events_;
   RequestUsage usage_;
-  int open_choices_ = -1;  // set by the engine when the request is admitted
+  int open_choices_;  // choices without their final event yet
   bool cancelled_ = false;
-  friend class AsyncEngine;
 };
 
 class AsyncEngine {
@@ -103,6 +106,7 @@ class AsyncEngine {
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<RequestStream>, PendingRequest>> inbox_;
   bool stopping_ = false, drain_ = false;
+  EngineMetrics metrics_;  // as of the last step
   std::thread thread_;
 };
 

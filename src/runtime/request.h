@@ -77,7 +77,8 @@ struct PendingRequest {
   GenerationOptions opts;
 };
 
-// Prometheus-style histogram: counts[i] = observations <= bounds[i]; the last is +Inf.
+// Latency histogram: counts[i] = observations in (bounds[i - 1], bounds[i]], the last bucket
+// above every bound (Prometheus' cumulative buckets are their running sums).
 struct Histogram {
   static constexpr std::array<double, 12> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                      0.5,   1.0,  2.5,   5.0,  10.0, 30.0};
@@ -92,6 +93,7 @@ struct EngineMetrics {
   int64_t preempted_total = 0;          // preemptions since start
   int64_t pages_total = 0, pages_used = 0, pages_cached = 0;  // cached: free but holding reusable KV
   int64_t page_tokens = 0;
+  int64_t kv_bytes = 0;                 // the page pools' memory
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;  // prompt tokens looked up / found
   int64_t prompt_tokens_total = 0, generated_tokens_total = 0;
   int64_t requests_finished = 0;

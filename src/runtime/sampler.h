@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace mb {
@@ -41,5 +42,36 @@ class Sampler {
 };
 
 int32_t argmax(std::span<const float> logits);
+
+// What a request's earlier tokens do to the next token's logits, applied before the sampler in
+// vLLM's order: logit_bias, then the repetition penalty (tokens of the prompt or the output: a
+// positive logit divided by it, a negative one multiplied), then OpenAI's frequency and presence
+// penalties (output tokens only: minus frequency x count, minus presence once).
+struct LogitAdjustments {
+  std::vector<std::pair<int32_t, float>> bias;
+  float repetition_penalty = 1.f, frequency_penalty = 0.f, presence_penalty = 0.f;
+  bool any() const {
+    return !bias.empty() || repetition_penalty != 1.f || frequency_penalty != 0.f || presence_penalty != 0.f;
+  }
+};
+
+// The tokens a sequence has seen, as the penalties count them.
+class TokenHistory {
+ public:
+  void add_prompt(std::span<const int32_t> ids);
+  void add_output(int32_t id);
+  void adjust(std::span<float> logits, const LogitAdjustments& a) const;
+
+ private:
+  std::vector<int32_t> seen_;                              // prompt or output, each id once
+  std::vector<std::pair<int32_t, int32_t>> output_counts_;  // id -> times generated, by id
+};
+
+// log_softmax of `logits` at `chosen` and the `n_top` most likely ids (highest first, ties by id).
+struct Logprobs {
+  float chosen = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+Logprobs logprobs(std::span<const float> logits, int32_t chosen, int n_top);
 
 }  // namespace mb

@@ -400,8 +400,10 @@ class CpuBackend final : public Backend {
     MB_CHECK(kv.k.numel() == kv.capacity * row && v.numel() == k.numel(),
              "kv_write: K/V rows of {} do not fit the cache {}", row, kv.k.shape_str());
     for (int64_t t = 0; t < n; ++t) {
+      MB_CHECK(pos[t] >= 0 && (!kv.pages || pos[t] / kv.page_size < kv.n_pages),
+               "kv_write: position {} is beyond the sequence's {} KV pages", pos[t], kv.n_pages);
       int64_t s = kv.slot(pos[t]);
-      MB_CHECK(pos[t] >= 0 && s < kv.capacity, "KV cache full: position {} needs more than {} slots", pos[t],
+      MB_CHECK(s >= 0 && s < kv.capacity, "KV cache full: position {} needs more than {} slots", pos[t],
                kv.capacity);
       std::memcpy(kv.k.f32() + s * row, k.f32() + t * row, size_t(row) * 4);
       std::memcpy(kv.v.f32() + s * row, v.f32() + t * row, size_t(row) * 4);
@@ -427,9 +429,11 @@ class CpuBackend final : public Backend {
                kv.k.shape_str());
       MB_CHECK(kv.capacity > 0 && s.begin >= 0 && s.count >= 0 && s.begin + s.count <= n,
                "attention: rows [{}, {}) of q {} or an empty KV", s.begin, s.begin + s.count, q.shape_str());
+      MB_CHECK(!kv.pages || (kv.page_size > 0 && (kv.page_size & (kv.page_size - 1)) == 0),
+               "attention: KV pages of {} rows (a power of two is needed)", kv.page_size);
       const size_t off = size_t(s.begin * nh * hd);
       args.push_back({q.f32() + off, out.f32() + off, kv.k.f32(), kv.v.f32(), s.pos, s.count, nh, nkv, hd,
-                      kv.capacity, kv.ring, p.window, p.scale, p.softcap});
+                      kv.capacity, kv.ring, kv.pages, kv.page_size, p.window, p.scale, p.softcap});
     }
     cpu::attention(args.data(), int64_t(args.size()));
   }

@@ -40,6 +40,8 @@ struct AttnArgs {
   const int32_t* pos;
   int64_t n, nh, nkv, hd, capacity;
   bool ring;
+  const int32_t* pages;  // non-null: key j is at row pages[j / page_size] * page_size + j % page_size
+  int64_t page_size;
   int window;
   float scale, softcap;
   // A key split (flash decoding): only keys at positions [key_begin, key_end), and instead of
@@ -54,6 +56,16 @@ struct AttnArgs {
 // task runs them all (prefill) or each split is its own task merged after (decode on many cores),
 // so a token gets the same bits alone or in a batch, on any number of threads.
 constexpr int64_t kAttnSplit = 64;
+
+// The cache row of key position j (KVStore::slot). Page sizes are powers of two: this runs for
+// every key in the kernels' inner loops, where a division would cost more than the row's address.
+inline int64_t kv_row(const AttnArgs& a, int64_t j) {
+  if (a.pages) {
+    const int shift = __builtin_ctzll(uint64_t(a.page_size));
+    return int64_t(a.pages[j >> shift]) << shift | (j & (a.page_size - 1));
+  }
+  return a.ring ? j % a.capacity : j;
+}
 
 struct KernelTable {
   Isa isa;

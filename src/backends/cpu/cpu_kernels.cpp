@@ -117,7 +117,7 @@ void attention_rows(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64
       const int64_t g = h / group, hi = a.pos[t];
       const int64_t lo = a.window > 0 ? std::max<int64_t>(0, hi - a.window + 1) : 0;
       const float* qv = a.q + (t * nh + h) * hd;
-      auto slot = [&](int64_t j) { return a.ring ? j % a.capacity : j; };
+      auto slot = [&](int64_t j) { return kv_row(a, j); };
       scores.resize(size_t(hi - lo + 1));
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = lo; j <= hi; ++j) {
@@ -497,7 +497,15 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
   // caller normalises, rotates and stores this step's q/k/v; task j reads split j % nsplit. Whole
   // rows: with several KV heads a task fetches its neighbours' too (the budget bounds it).
   const ThreadPool::Ahead* ahead = nullptr;
-  if (split_keys && n_seqs == 1 && plans[0].ntb > 0) {
+  // Paged keys qualify when their pages lie in order in the pool (a lone sequence's usually do).
+  auto rows_in_order = [](const AttnArgs& a, int64_t lo, int64_t hi) {
+    if (!a.pages) return true;
+    for (int64_t p = lo / a.page_size; p < hi / a.page_size; ++p)
+      if (a.pages[p + 1] != a.pages[p] + 1) return false;
+    return true;
+  };
+  if (split_keys && n_seqs == 1 && plans[0].ntb > 0 &&
+      rows_in_order(seqs[0], plans[0].split0, plans[0].hi)) {
     const AttnArgs& a = seqs[0];
     const Plan& pl = plans[0];
     ThreadPool::Ahead self;
@@ -505,7 +513,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     self.grain = grain;
     self.budget = 2 * ThreadPool::ahead_budget();  // a split's K and V: 128 KB at hd 256, 256 KB at 512
     const size_t split_bytes = size_t(kAttnSplit * a.nkv * a.hd) * sizeof(float);
-    const int64_t first_slot = a.ring ? pl.split0 % a.capacity : pl.split0;
+    const int64_t first_slot = kv_row(a, pl.split0);
     for (const float* base : {a.k, a.v})
       self.s[self.streams++] = {base + first_slot * a.nkv * a.hd, 0, int32_t(tasks), split_bytes, int32_t(pl.nsplit)};
     ahead = ThreadPool::ahead_after(nullptr, self);

@@ -1,0 +1,40 @@
+#include "runtime/model_runner.h"
+
+#include "core/error.h"
+
+namespace mb {
+
+ModelRunner::ModelRunner(Model& model, const KVPageManager& pages, int64_t max_context, int64_t max_step)
+    : model_(model), view_(pages, model.config(), max_context, max_step) {}
+
+void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vector<bool>& all_rows, Output& out) {
+  MB_CHECK(chunks.size() == all_rows.size(), "model runner: {} chunks but {} row flags", chunks.size(),
+           all_rows.size());
+  batch_.tokens.clear();
+  batch_.positions.clear();
+  batch_.seqs.clear();
+  batch_.logit_rows.clear();
+  out.first_row.assign(chunks.size(), -1);
+  out.n_rows.assign(chunks.size(), 0);
+  std::vector<const SeqPages*> pages;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& c = chunks[i];
+    const int64_t begin = int64_t(batch_.tokens.size());
+    for (int64_t p = c.begin; p < c.begin + c.count; ++p) {
+      batch_.tokens.push_back(c.seq->tokens[size_t(p)]);
+      batch_.positions.push_back(int32_t(p));
+    }
+    batch_.seqs.push_back({int(i), begin, c.count});
+    pages.push_back(&c.seq->pages);
+    const int64_t rows = all_rows[i] ? c.count : c.samples ? 1 : 0;
+    if (rows > 0) {
+      out.first_row[i] = int64_t(batch_.logit_rows.size());
+      out.n_rows[i] = rows;
+      for (int64_t r = c.count - rows; r < c.count; ++r) batch_.logit_rows.push_back(int32_t(begin + r));
+    }
+  }
+  view_.set(pages);
+  model_.forward(batch_, view_, out.logits);
+}
+
+}  // namespace mb
