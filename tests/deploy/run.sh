@@ -5,9 +5,8 @@
 # 2. bench/serve_load.py for LOAD_SECONDS (default 60): 64 streaming clients against one replica on the small
 #    Gemma 4 fixture, with shared system prompts and clients hanging up mid-reply; fails on a 5xx, a crash, a
 #    stream with another's tokens (replayed alone afterwards), requests left running, RSS growth after warm-up,
-#    or an exit status other than 0 after SIGTERM (with ASan: a leak report). The KV pool is small (--kv-mem) so
-#    that it is full within the warm-up: its pages are touched as they are first used, and a pool still filling
-#    up is RSS growth by design; after that, cached prefixes are evicted to make room.
+#    or an exit status other than 0 after SIGTERM (with ASan: a leak report). The KV pool is small (--kv-mem):
+#    it holds far less than 64 clients' prompts, so cached prefixes are evicted to make room all along.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}

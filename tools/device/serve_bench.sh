@@ -24,8 +24,8 @@
 #     `PEER_SERVER=1 PEER_MARCH=sapphirerapids tools/peer/build_llama_cpp.sh` and carried: the source does not
 #     fit a device call), else built here by tools/peer/build_llama_cpp.sh (needs PyPI).
 #   MARKBASE: a markbase binary to use instead of building one.
-#   MARKBASE_NO_PREFIX_CACHE_FLAG: the `markbase serve` flag that turns its prefix cache off; when set, markbase
-#     also runs the probe with it, as a third row.
+#   MARKBASE_NO_PREFIX_CACHE_FLAG (default --no-prefix-cache): markbase also runs the probe with this flag, its
+#     prefix cache off, as a further line under the table; empty: skipped.
 # The build needs nlohmann-json, CLI11, fmt, cpp-httplib and pkg-config (Debian: nlohmann-json3-dev libcli11-dev
 # libfmt-dev libcpp-httplib-dev pkgconf); a markbase binary built elsewhere (MARKBASE) needs cpp-httplib's and
 # fmt's shared libraries. Without them and without a network: `tools/device/serve_bench.sh --fetch-deps` on a
@@ -155,8 +155,9 @@ for r in $(seq 1 "$rounds"); do
   # llama.cpp's numerics depend on the batch: its replays could only be reported, so they are skipped.
   run "llama-server-$r" "$ll_cmd" --no-batch-invariance --replay 0 --no-clean-exit
 done
-if [[ -n ${MARKBASE_NO_PREFIX_CACHE_FLAG:-} ]]; then
-  run "markbase-nocache" "$mb_cmd $MARKBASE_NO_PREFIX_CACHE_FLAG" --duration 0
+nocache_flag=${MARKBASE_NO_PREFIX_CACHE_FLAG---no-prefix-cache}
+if [[ -n $nocache_flag ]]; then
+  run "markbase-nocache" "$mb_cmd $nocache_flag" --duration 0
 fi
 
 # ---------------------------------------------------------------- the table
@@ -202,7 +203,13 @@ for label, get, f, target in rows:
     print(f"{label:42s} {show(m):>12s} {show(l):>12s} {ratio:>8s}  {target}")
 nc = load("markbase-nocache")
 if nc and nc.get("prefix_probe"):
-    print(f"markbase with its prefix cache off: probe warm {1e3 * nc['prefix_probe']['warm_median_s']:.1f} ms")
+    pp = nc["prefix_probe"]
+    line = (f"markbase with its prefix cache off: probe cold {1e3 * pp['cold_median_s']:.1f} ms, repeated "
+            f"{1e3 * pp['warm_median_s']:.1f} ms")
+    cached = med(runs["markbase"], probe("warm_median_s"))
+    if cached is not None and pp["warm_median_s"] > 0:
+        line += f"; repeated with the cache / without: {cached / pp['warm_median_s']:.3f} (target <= 0.2)"
+    print(line)
 status = 0
 for s, reps in runs.items():
     for i, r in enumerate(reps, 1):
