@@ -177,7 +177,8 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   SchedulerOptions so;
   so.max_seqs = opts.max_seqs;
   so.max_step = kMaxStepTokens;
-  so.step_tokens = opts.step_tokens > 0 ? opts.step_tokens : kMaxStepTokens;
+  // Every running sequence gets at least its decode position in every step.
+  so.step_tokens = std::max<int64_t>(opts.step_tokens > 0 ? opts.step_tokens : kMaxStepTokens, opts.max_seqs);
   scheduler_ = std::make_unique<Scheduler>(*pages_, so);
   runner_ = std::make_unique<ModelRunner>(*model_, *pages_, max_context_, kMaxStepTokens);
   m_.page_tokens = po.page_tokens;
