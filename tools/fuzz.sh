@@ -3,7 +3,8 @@
 # wall-clock time in all (default 120), split evenly over the targets of tests/fuzz/fuzz_targets.h:
 #   files    GGUF and safetensors files
 #   jinja    chat template source text
-#   request  a JSON chat request rendered through the real Gemma 4 template, then tokenized
+#   request  a JSON chat request rendered through the real Gemma 4 template, then tokenized; the same
+#            bytes through the OpenAI adapter (chat, completions, tokenize, detokenize)
 #   output   generated Gemma 4 text: thinking, tool calls, values
 # Targets run side by side, one per core, each for SECONDS x min(cores, targets) / targets.
 # Builds into build-fuzz/ with clang; each target's corpus grows in build-fuzz/corpus/TARGET, its
@@ -118,6 +119,33 @@ cat > "$OUT/request.dict" <<'DICT'
 "\"enum\""
 "\"items\""
 "\"enable_thinking\""
+"\"model\": \"fixture\""
+"\"prompt\""
+"\"tokens\""
+"\"max_tokens\""
+"\"max_completion_tokens\""
+"\"temperature\""
+"\"top_p\""
+"\"top_k\""
+"\"min_p\""
+"\"n\""
+"\"stop\""
+"\"seed\""
+"\"logprobs\""
+"\"top_logprobs\""
+"\"logit_bias\""
+"\"presence_penalty\""
+"\"frequency_penalty\""
+"\"repetition_penalty\""
+"\"stream\""
+"\"stream_options\""
+"\"include_usage\""
+"\"echo\""
+"\"ignore_eos\""
+"\"timeout\""
+"\"chat_template_kwargs\""
+"\"tool_choice\""
+"\"response_format\""
 "\"add_generation_prompt\""
 "\"chat_template_kwargs\""
 "null"

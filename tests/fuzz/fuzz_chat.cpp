@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "fuzz_targets.h"
+#include "runtime/text.h"
+#include "server/openai.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
@@ -120,13 +122,36 @@ void fuzz_request(const uint8_t* data, size_t size) {
     (void)tok.encode(tmpl.render(request_inputs(req)));
   } catch (const mb::Error&) {
   }
+  // The same bytes as the server's endpoints read them: a 4xx (ApiError) is the answer to bad input.
+  static const mb::TextCodec codec = mb::TextCodec::load(kSource + "/tests/fixtures/e2b_like");
+  static const mb::server::ModelInfo model =
+      mb::server::describe_model(&codec, "fixture", 512, int32_t(codec.tokenizer().vocab_size()), 0);
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  mb::server::Json json;
+  try {
+    json = mb::server::parse_body(body);
+  } catch (const mb::server::ApiError&) {
+    return;
+  }
+  for (auto* parse : {&mb::server::parse_chat_request, &mb::server::parse_completion_request})
+    try {
+      (void)parse(json, model);
+    } catch (const mb::server::ApiError&) {
+    } catch (const mb::Error&) {
+    }
+  for (auto* call : {&mb::server::tokenize, &mb::server::detokenize})
+    try {
+      (void)call(json, model);
+    } catch (const mb::server::ApiError&) {
+    } catch (const mb::Error&) {
+    }
 }
 
 void write_request_seeds(const std::string& dir) {
   const Json cases = read_json(kSource + "/tests/fixtures/chat/render_cases.json");
   int i = 0;
   for (const Json& c : cases.value("cases", Json::array())) {
-    Json req = {{"messages", c["messages"]}, {"tools", c["tools"]},
+    Json req = {{"model", "fixture"}, {"messages", c["messages"]}, {"tools", c["tools"]},
                 {"add_generation_prompt", c["add_generation_prompt"]}, {"enable_thinking", c["enable_thinking"]}};
     write_file(dir + "/request_" + std::to_string(i++) + ".json", req.dump());
   }

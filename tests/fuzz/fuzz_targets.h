@@ -21,7 +21,8 @@ void fuzz_jinja(const uint8_t* data, size_t size);
 void write_jinja_seeds(const std::string& dir);
 
 // A chat request as a server receives it: JSON bytes -> {messages, tools, add_generation_prompt,
-// enable_thinking, chat_template_kwargs} -> the real Gemma 4 template -> token ids.
+// enable_thinking, chat_template_kwargs} -> the real Gemma 4 template -> token ids; and the same
+// bytes through the OpenAI adapter's chat, completion, tokenize and detokenize parsing.
 void fuzz_request(const uint8_t* data, size_t size);
 void write_request_seeds(const std::string& dir);
 
