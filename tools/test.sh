@@ -15,7 +15,7 @@ for flavour in release sanitize; do
   # an op that reads output memory it has not written shows up as a failed parity or NaN test.
   if [ "$flavour" = sanitize ]; then export MARKBASE_POISON_SCRATCH=1; else unset MARKBASE_POISON_SCRATCH; fi
   ctest --test-dir "$dir" --output-on-failure -j2 || status=1
-  # About 1.5 minutes: two replicas behind nginx, then 64 streaming clients for 60 s against one.
+  # About 1.5 minutes: two replicas behind nginx (release only), then 64 streaming clients for 60 s.
   echo "=== $flavour deploy and load tests (${SECONDS} s in)"
   tests/deploy/run.sh "$dir" || status=1
 done
