@@ -16,7 +16,6 @@ namespace markbase {
 
 namespace {
 
-using mb::DType;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

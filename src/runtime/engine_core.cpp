@@ -285,7 +285,7 @@ void EngineCore::emit(Request& r, Choice& c, GeneratedToken g) {
     m_.itl.observe(seconds_between(c.last_token, now));
   }
   c.last_token = now;
-  c.history.add_output(token);
+  if (r.adjust.any()) c.history.add_output(token);  // only penalties read it
   const bool eos = (!r.opts.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) ||
                    std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end();
   c.cut = c.text->append(c.detok && !eos ? c.detok->push(token) : std::string());
