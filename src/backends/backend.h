@@ -30,6 +30,15 @@ struct KVStore {
   }
 };
 
+// A host array that a step's ops name by pointer (token ids, positions, logit rows, page tables),
+// for Backend::stage. `reserve` (>= bytes) is the room the staged layout sets aside for it, so a
+// page table that grows keeps its place and a recorded step stays valid.
+struct HostArray {
+  const void* data = nullptr;
+  size_t bytes = 0;
+  size_t reserve = 0;
+};
+
 struct AttentionParams {
   float scale = 1.f;
   int window = 0;        // > 0: query at p sees keys (p - window, p]; 0: all keys <= p
@@ -55,6 +64,34 @@ class Backend {
   enum class WeightUse { Matmul, Lookup, MatmulAndLookup };
   virtual Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use = WeightUse::Matmul) = 0;
   virtual bool supports_weight_dtype(DType dtype) const = 0;
+  // The element type of KV stores (KVPageManager and KVCache allocate in it). Ops take f32
+  // activations and convert when they write K/V.
+  virtual DType kv_dtype() const { return DType::F32; }
+
+  // Copies a step's host arrays to the backend's memory in one transfer; until the next call, an
+  // op given a pointer into one of them (ids, positions, page tables) reads that copy. Host-memory
+  // backends have nothing to do. A pointer an op gets that was not staged is still valid input,
+  // copied on its own (slower; never while recording).
+  virtual void stage(const std::vector<HostArray>& arrays) {}
+
+  // Recorded steps (CUDA graphs): a decode step's ops are recorded once under a key that fixes
+  // every shape and pointer they take (the staged data - ids, positions, page tables - may differ)
+  // and replayed for later steps with that key, so the host does not issue the ops again.
+  virtual bool can_record_steps() const { return false; }
+  // Runs the recording kept under `key`; false when there is none.
+  virtual bool replay_step(uint64_t key) { return false; }
+  // Ops between these two are recorded, not run; end_recording keeps the recording and runs it.
+  virtual void begin_recording(uint64_t key) {}
+  virtual void end_recording(uint64_t key) {}
+  // Drops every recording (their buffers are about to change).
+  virtual void forget_recordings() {}
+  // Free memory of a device with its own (what KV pages may take); 0 for host memory.
+  virtual size_t device_free_bytes() const { return 0; }
+  // Bytes per second a device with its own memory streams through a buffer of `bytes` (a read
+  // and a write of it count twice); 0 for host memory (bench measures that itself).
+  virtual double measure_copy_bandwidth(size_t bytes) { return 0; }
+  // Waits until every op issued so far is done (asynchronous backends; timing).
+  virtual void synchronize() {}
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;
@@ -106,17 +143,23 @@ class Backend {
   }
   // Writes k, v [n, n_kv, hd] at the slots of positions pos[n].
   virtual void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) = 0;
-  // Causal attention of q [n, n_heads, hd] (positions pos[n]) over every key at positions <= pos
-  // (within the window) already written to kv; grouped heads: head h reads KV head h / (n_heads/n_kv).
-  virtual void attention(const Tensor& q, const KVStore& kv, const int32_t* pos,
-                         const AttentionParams& p, Tensor& out) = 0;
-  // One sequence of a batch: rows [begin, begin + count) of q and out, at positions pos[count],
-  // over its own KV.
+  // One sequence of a batch: rows [begin, begin + count) of q/k/v and out, at positions
+  // pos[count], over its own KV.
   struct AttentionSeq {
     const KVStore* kv = nullptr;
     int64_t begin = 0, count = 0;
     const int32_t* pos = nullptr;
   };
+  // kv_write() for each sequence of a batch (rows [begin, begin + count) of k and v into its
+  // store), which a backend may run as one pass.
+  virtual void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) {
+    for (const AttentionSeq& s : seqs)
+      kv_write(const_cast<KVStore&>(*s.kv), k.slice_rows(s.begin, s.count), v.slice_rows(s.begin, s.count), s.pos);
+  }
+  // Causal attention of q [n, n_heads, hd] (positions pos[n]) over every key at positions <= pos
+  // (within the window) already written to kv; grouped heads: head h reads KV head h / (n_heads/n_kv).
+  virtual void attention(const Tensor& q, const KVStore& kv, const int32_t* pos,
+                         const AttentionParams& p, Tensor& out) = 0;
   // attention() for each sequence of a batch (a decode step of several users), which a backend
   // may run as one pass: the same numbers as one call per sequence.
   virtual void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
@@ -152,5 +195,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+// "cpu" or "cuda" (the first GPU); a clear error when this build or machine has no such device.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+// Whether make_backend("cuda") can succeed: built with CUDA and a GPU is visible.
+bool cuda_device_available();
 
 }  // namespace mb

@@ -10,8 +10,10 @@ namespace mb {
 
 template <class F> void ProfilingBackend::timed(const Key& key, double weight_bytes, F&& f) {
   if (!enabled_) return f();
+  in_.synchronize();
   const auto t0 = std::chrono::steady_clock::now();
   f();
+  in_.synchronize();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Entry& e = stats_[key];
   ++e.calls;
@@ -85,6 +87,9 @@ void ProfilingBackend::add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, 
 }
 void ProfilingBackend::kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) {
   timed("kv_write", [&] { in_.kv_write(kv, k, v, pos); });
+}
+void ProfilingBackend::kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) {
+  timed("kv_write", [&] { in_.kv_write_batch(k, v, seqs); });
 }
 void ProfilingBackend::attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
                                  Tensor& out) {

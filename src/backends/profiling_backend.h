@@ -2,8 +2,8 @@
 // or a decode step's time goes, op by op, with each matmul weight shape on its own line and its
 // weight bytes per second (the figure a memory-bound decode is judged by). It forwards each call
 // unchanged, so results are the wrapped backend's bit for bit. Times are host wall clock around
-// the call: right for the CPU backend, whose ops return when done; an asynchronous (CUDA) backend
-// would need a sync per op to be timed this way.
+// the call, with the wrapped backend synchronised before and after (an asynchronous backend's op
+// is timed to its completion, launch gaps included).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -40,6 +40,11 @@ class ProfilingBackend final : public Backend {
     return in_.prepare_weight(src, dtype, use);
   }
   bool supports_weight_dtype(DType dtype) const override { return in_.supports_weight_dtype(dtype); }
+  DType kv_dtype() const override { return in_.kv_dtype(); }
+  void synchronize() override { in_.synchronize(); }
+  void stage(const std::vector<HostArray>& arrays) override { in_.stage(arrays); }
+  // Recording would hide the ops from the timer: a profiled run issues every op.
+  void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) override;
   void matmul(const Tensor& x, const Tensor& w, Tensor& y) override;
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override;
   void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) override;

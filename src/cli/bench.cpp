@@ -151,7 +151,7 @@ struct PhaseProfile {
 constexpr int kMaxBenchTokens = 1 << 20;
 
 struct BenchArgs {
-  std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer;
+  std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer, device = "cpu";
   int pp = 512, tg = 128, reps = 3, threads = 0;
   int64_t membw_mb = 0;  // 0: default_membw_mb()
   bool json = false, membw = false, profile = false;
@@ -251,7 +251,17 @@ void run_bench(const BenchArgs& a) {
   if (const std::string w = threads_warning(a.threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
   if (a.threads > 0) ThreadPool::set_global_threads(a.threads);
   const int threads = ThreadPool::global().size();
-  if (a.membw) {
+  if (a.membw && a.device == "cuda") {
+    // The device's memory: a copy kernel over a buffer far larger than the GPU's L2.
+    const size_t bytes = size_t(a.membw_mb > 0 ? a.membw_mb : 2048) << 20;
+    const double bw = make_backend("cuda")->measure_copy_bandwidth(bytes);
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"membw_gb_per_s", bw / 1e9}, {"membw_mb", bytes >> 20}, {"device", "cuda"}}
+                              .dump()
+                              .c_str());
+    else std::printf("GPU memory bandwidth (copy, read + write): %.1f GB/s (a %zu MiB buffer)\n", bw / 1e9, bytes >> 20);
+    if (a.model.empty() && a.synthetic.empty()) return;
+  } else if (a.membw) {
     MB_CHECK(a.membw_mb == 0 || a.membw_mb >= 64, "bench: --membw-mb must be at least 64 (the probe must not fit the caches), got {}",
              a.membw_mb);
     const int64_t probe_mb = a.membw_mb > 0 ? a.membw_mb : int64_t(default_membw_mb());
@@ -276,9 +286,9 @@ void run_bench(const BenchArgs& a) {
   MB_CHECK(named.has_value(), "bench: --dtype {} is not supported (auto, {})", a.dtype, fmt::join(weight_dtype_names(), ", "));
   const DType dtype = *named;
 
-  const char* isa = cpu::isa_name(cpu::kernels().isa);
+  const char* isa = a.device == "cuda" ? "cuda" : cpu::isa_name(cpu::kernels().isa);
   // How block-quantized matmuls run: the integer kernel (8-bit activations) or f32 activations.
-  const char* quant_matmul = cpu::qmatmul_kernel() ? "int8" : "exact";
+  const char* quant_matmul = a.device == "cuda" || cpu::qmatmul_kernel() ? "int8" : "exact";
   std::fprintf(stderr, "bench: %s %s, %d threads, %s kernels, %s quantized matmuls: loading ...\n",
                a.model.empty() ? ("synthetic " + a.synthetic).c_str() : a.model.c_str(), a.dtype.c_str(), threads, isa,
                quant_matmul);
@@ -291,7 +301,7 @@ void run_bench(const BenchArgs& a) {
     save_gguf(*ck, a);
     if (a.pp + a.tg == 0) return;
   }
-  std::unique_ptr<Backend> cpu_backend = make_cpu_backend();
+  std::unique_ptr<Backend> cpu_backend = make_backend(a.device);
   std::unique_ptr<ProfilingBackend> profiler;
   if (a.profile) profiler = std::make_unique<ProfilingBackend>(*cpu_backend);
   Backend* be = profiler ? static_cast<Backend*>(profiler.get()) : cpu_backend.get();
@@ -424,6 +434,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json for --save (default for --synthetic: ../shared/data/tokenizer/gemma4-tokenizer.json)");
   add_threads_option(cmd, a->threads);
+  cmd->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--reps", a->reps, "repetitions; the median is reported")->check(whole_number(1, 1000000));
   cmd->add_flag("--json", a->json, "one JSON object per line per batch size");
   cmd->add_flag("--membw", a->membw, "measure memory read bandwidth");

@@ -51,6 +51,18 @@ class Model {
   virtual size_t decode_weight_bytes() const = 0;
 };
 
+// What a forward call hands the backend before its ops: the step's host arrays for
+// Backend::stage (ids, positions, logit rows, then each sequence's page tables in the order the
+// layers first use them, each with room for a max_context sequence so the layout does not move as
+// it grows), and the key a decode step may be recorded under (0: not recorded - a step that
+// prefills, or a backend that cannot record). The key covers everything the ops take but the
+// staged data: the batch's shape and each sequence's KV stores.
+struct StepInputs {
+  std::vector<HostArray> arrays;
+  uint64_t record_key = 0;
+};
+StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg, const Backend& backend);
+
 // The forward pass of the checkpoint's architecture (models/architecture.h).
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                   const ModelLoadOptions& opts);

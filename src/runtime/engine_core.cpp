@@ -122,10 +122,9 @@ struct EngineCore::Request {
 EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
   MB_CHECK(opts.device == "cpu" || opts.device == "cuda", "unknown device '{}' (expected cpu or cuda)", opts.device);
-  MB_CHECK(opts.device == "cpu", "device 'cuda' is not available in this build yet; use --device cpu");
   MB_CHECK(opts.max_seqs > 0, "the number of sequences must be at least 1, got {}", opts.max_seqs);
   ck_ = open_checkpoint(opts.model_path);
-  backend_ = make_cpu_backend();
+  backend_ = make_backend(opts.device);
   ModelLoadOptions mo;
   if (opts.dtype == "auto") {
     mo.keep_checkpoint_dtype = true;
@@ -164,14 +163,18 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   po.max_seqs = opts.max_seqs;
   po.prefix_cache = opts.prefix_cache;
   po.resident = opts.resident_kv;
+  po.kv_dtype = backend_->kv_dtype();
   const size_t one = KVPageManager::min_bytes(c, po);
   if (opts.kv_bytes > 0) {
     po.bytes = opts.kv_bytes;
   } else {
     // Room for every sequence at full context, up to a quarter of the machine's memory or 8 GiB,
     // and never less than one sequence needs.
+    // On a GPU: up to 70% of its memory left after the weights.
     const size_t ram = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
-    po.bytes = std::max(one, std::min({one * size_t(opts.max_seqs), ram / 4, size_t(8) << 30}));
+    const size_t device_free = backend_->device_free_bytes();
+    const size_t cap = device_free ? device_free / 10 * 7 : std::min(ram / 4, size_t(8) << 30);
+    po.bytes = std::max(one, std::min(one * size_t(opts.max_seqs), cap));
   }
   pages_ = std::make_unique<KVPageManager>(c, *backend_, po);
   SchedulerOptions so;

@@ -35,7 +35,7 @@ KVCache::KVCache(const ModelConfig& cfg, Backend& backend, const KVCacheOptions&
     slot_floats += 2 * y.padded;
   }
   for (int s = 0; s < opts.n_slots && slot_floats > 0; ++s) {
-    const Tensor block = backend.alloc(DType::F32, {slot_floats});
+    const Tensor block = backend.alloc(backend.kv_dtype(), {slot_floats});
     int64_t off = 0;
     for (size_t l = 0; l < n_layers_; ++l) {
       const LayerConfig& L = cfg.layers[l];

@@ -24,7 +24,7 @@ std::array<size_t, 2> page_bytes(const ModelConfig& cfg, const KVPageOptions& o)
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerConfig& L = cfg.layers[size_t(l)];
     if (L.kv_source != l) continue;
-    b[is_sliding(cfg, L, o.max_context) ? 1 : 0] += size_t(2 * o.page_tokens * L.n_kv_heads * L.head_dim) * 4;
+    b[is_sliding(cfg, L, o.max_context) ? 1 : 0] += size_t(2 * o.page_tokens * L.n_kv_heads * L.head_dim) * dtype_size(o.kv_dtype);
   }
   return b;
 }
@@ -88,8 +88,8 @@ KVPageManager::KVPageManager(const ModelConfig& cfg, Backend& backend, const KVP
     p.layers.push_back(l);
     // Untouched pages cost no memory: large allocations are mapped lazily.
     const std::vector<int64_t> shape = {p.n_pages * opts.page_tokens, L.n_kv_heads, L.head_dim};
-    p.k.push_back(backend.alloc(DType::F32, shape));
-    p.v.push_back(backend.alloc(DType::F32, shape));
+    p.k.push_back(backend.alloc(opts.kv_dtype, shape));
+    p.v.push_back(backend.alloc(opts.kv_dtype, shape));
     bytes_ += p.k.back().nbytes() + p.v.back().nbytes();
   }
   if (opts.resident && backend.device() == Device::CPU)

@@ -39,6 +39,7 @@ struct KVPageOptions {
   size_t bytes = 0;           // page memory of both pools; must hold one sequence of max_context
   bool prefix_cache = true;
   bool resident = false;      // write every page once at start (host memory backends)
+  DType kv_dtype = DType::F32;  // the backend's Backend::kv_dtype()
 };
 
 // One sequence's pages: a table per group, entries -1 where it holds none.

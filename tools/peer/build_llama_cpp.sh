@@ -17,6 +17,9 @@
 # PEER_SERVER=1 also builds llama-server (the OpenAI-compatible server, for tools/device/serve_bench.sh;
 # its web UI assets come prebuilt with the source, nothing is fetched). llama-cli is not built: it
 # needs the server too; llama-completion is the plain prompt -> text tool.
+# PEER_CUDA=1 builds the CUDA peer for tools/device/gpu_suite.sh instead: GGML_CUDA for sm_90a (H100/H200),
+# flash attention kernels as upstream ships them, shared libraries (one libggml-cuda.so beside the binaries),
+# targets llama-bench and llama-batched-bench. nvcc compiles it on a machine without a GPU.
 set -euo pipefail
 
 dir=${1:-/tmp/markbase-peer}
@@ -55,11 +58,14 @@ if [ -n "${PEER_MARCH:-}" ]; then
   [ "${PEER_AMX:-0}" = 1 ] || march="$march -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   noamx=("-DCMAKE_C_FLAGS=$march" "-DCMAKE_CXX_FLAGS=$march")
 fi
+cuda=(-DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF)
+if [ "${PEER_CUDA:-0}" = 1 ]; then
+  cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_SHARED_LIBS=ON)
+fi
 cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=$native -DGGML_OPENMP=ON -DGGML_CPU=ON \
-  -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-  -DBUILD_SHARED_LIBS=OFF \
+  "${cuda[@]}" -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
   -DLLAMA_OPENSSL=OFF \
@@ -67,6 +73,7 @@ cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   ${commit:+-DLLAMA_BUILD_COMMIT=$commit}
 targets=(llama-bench llama-completion llama-simple llama-perplexity llama-quantize llama-gguf)
 [ "$server" = ON ] && targets+=(llama-server)
+[ "${PEER_CUDA:-0}" = 1 ] && targets=(llama-bench llama-batched-bench)
 cmake --build "$dir/build" -j "$jobs" --target "${targets[@]}"
 
 ls -l "$dir"/build/bin/llama-*

@@ -52,6 +52,8 @@ class Gemma4Model final : public Model {
   }
 
   void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) override;
+  // The ops of a step from the staged inputs to the logits of batch.logit_rows in `out` [r, V].
+  void compute(const Batch& batch, KVMemory& kv, Tensor& out);
 
  private:
   Tensor weight(const std::string& name, std::vector<int64_t> shape, bool matrix,
@@ -91,6 +93,9 @@ class Gemma4Model final : public Model {
   Tensor ple_table, ple_model_proj, ple_proj_norm;
   float ple_scale = 1.f;
   std::vector<Gemma4Layer> layers_;
+  // Where recorded decode steps leave their logits: one buffer for every recording, so its
+  // address is part of none of their keys; growing it drops the recordings.
+  Tensor step_logits_;
 };
 
 std::vector<float> rope_inv_freq(const LayerConfig& L) {
@@ -223,10 +228,10 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVMemory
     be_.rms_norm_rope(k, &w.k_norm, eps, add1, batch.positions.data(), w.inv_freq.data());
     Tensor v_rows = v.reshaped({n * nkv, hd});
     if (cfg_.v_norm) be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
-    for (const BatchSequence& s : batch.seqs) {
-      Tensor ks = k.slice_rows(s.begin, s.count), vs = v.slice_rows(s.begin, s.count);
-      be_.kv_write(kv.store(s.kv_slot, l), ks, vs, batch.positions.data() + s.begin);
-    }
+    std::vector<Backend::AttentionSeq> writes;
+    for (const BatchSequence& s : batch.seqs)
+      writes.push_back({&kv.store(s.kv_slot, l), s.begin, s.count, batch.positions.data() + s.begin});
+    be_.kv_write_batch(k, v, writes);
   }
 
   h = Tensor();
@@ -291,7 +296,7 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
 }
 
 void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) {
-  const int64_t n = int64_t(batch.tokens.size()), H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t n = int64_t(batch.tokens.size()), V = cfg_.vocab_size;
   MB_CHECK(n > 0 && batch.positions.size() == size_t(n), "forward: empty or inconsistent batch");
   for (const BatchSequence& s : batch.seqs) {
     MB_CHECK(s.count <= kv.max_step(), "forward: {} tokens in one step exceed the step limit {}", s.count,
@@ -300,7 +305,32 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
              "context full: position {} exceeds the context size {}",
              batch.positions[size_t(s.begin + s.count - 1)], kv.max_context());
   }
+  const int64_t r = int64_t(batch.logit_rows.size());
+  logits.resize(size_t(r * V));
+  const StepInputs in = step_inputs(batch, kv, cfg_, be_);
+  be_.stage(in.arrays);
+  if (in.record_key == 0 || r == 0) {
+    Tensor out = r > 0 ? be_.scratch(DType::F32, {r, V}) : Tensor();
+    compute(batch, kv, out);
+    if (r > 0) be_.to_host(out, logits.data());
+    return;
+  }
+  if (step_logits_.empty() || step_logits_.dim(0) < r) {
+    be_.forget_recordings();
+    step_logits_ = Tensor();
+    step_logits_ = be_.alloc(DType::F32, {std::max<int64_t>(r, 8), V});
+  }
+  Tensor out = step_logits_.slice_rows(0, r);
+  if (!be_.replay_step(in.record_key)) {
+    be_.begin_recording(in.record_key);
+    compute(batch, kv, out);
+    be_.end_recording(in.record_key);
+  }
+  be_.to_host(out, logits.data());
+}
 
+void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
+  const int64_t n = int64_t(batch.tokens.size()), H = cfg_.hidden_size;
   Tensor x = be_.scratch(DType::F32, {n, H});
   be_.embed(embed_tokens, batch.tokens.data(), n, embed_scale, x);  // [n, H]
   Tensor ple;
@@ -325,15 +355,12 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
 
   // Only the rows whose logits are wanted go through the final norm and the LM head.
   const int64_t r = int64_t(batch.logit_rows.size());
-  logits.resize(size_t(r * V));
   if (r == 0) return;
   Tensor xr = be_.scratch(DType::F32, {r, H});
   be_.gather_rows(x, batch.logit_rows.data(), r, xr);
   be_.rms_norm(xr, &final_norm, cfg_.rms_eps, cfg_.norm_adds_one, xr);
-  Tensor out = be_.scratch(DType::F32, {r, V});
   be_.matmul(xr, lm_head, out);
   if (cfg_.final_logit_softcap > 0) be_.softcap(out, cfg_.final_logit_softcap);
-  be_.to_host(out, logits.data());
 }
 
 }  // namespace

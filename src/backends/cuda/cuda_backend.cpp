@@ -1,0 +1,732 @@
+// The CUDA backend: device memory, staging of a step's host arrays, recorded steps (CUDA graphs)
+// and the dispatch of backend.h's ops to the kernels in this folder and to cuBLAS.
+//
+// Everything runs on one stream, in order, so memory a finished op released can be handed to the
+// next op at once (the scratch pool) and a recording replays against the same buffers it saw.
+#include "backends/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backends/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+namespace mb::cuda {
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
+}
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
+}
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: {} failed (status {})", what, int(s));
+}
+
+std::string mib(size_t b) { return fmt::format("{:.0f} MiB", double(b) / (1 << 20)); }
+
+// Device memory for op outputs, kept for reuse in size classes (4 per power of two).
+class ScratchPool {
+ public:
+  ~ScratchPool() {
+    for (auto& [size, v] : free_)
+      for (void* p : v) cudaFree(p);
+  }
+  static size_t size_class(size_t b) {
+    if (b <= 4096) return 4096;
+    size_t c = size_t(1) << (63 - __builtin_clzll(b));
+    const size_t step = c / 4;
+    return (b + step - 1) / step * step;
+  }
+  void* take(size_t bytes) {
+    const size_t c = size_class(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(c);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    if (cudaMalloc(&p, c) != cudaSuccess) {
+      cudaGetLastError();
+      release_all();
+      if (cudaMalloc(&p, c) != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total = 0;
+        cudaMemGetInfo(&free_b, &total);
+        fail("out of GPU memory: activations of {} do not fit ({} free of {})", mib(c), mib(free_b), mib(total));
+      }
+    }
+    return p;
+  }
+  void give(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size_class(bytes)].push_back(p);
+  }
+  void release_all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaDeviceSynchronize();
+    for (auto& [size, v] : free_)
+      for (void* p : v) cudaFree(p);
+    free_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+};
+
+WType wtype_of(DType d) {
+  switch (d) {
+    case DType::F32: return WType::F32;
+    case DType::BF16: return WType::BF16;
+    case DType::Q8_0: return WType::Q8_0;
+    case DType::Q4_0: return WType::Q4_0;
+    case DType::Q4_K: return WType::Q4_K;
+    default: fail("cuda backend: no kernels for weight dtype {}", dtype_name(d));
+  }
+}
+
+// The dtype a weight asked for in `d` is kept in on the GPU: the block types without kernels here
+// (Q4_1, Q5_x, Q5_K, Q6_K) become Q8_0 (at least as precise, a little larger), F16 becomes F32
+// (exact).
+DType gpu_dtype(DType d) {
+  switch (d) {
+    case DType::F32: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_K: return d;
+    case DType::F16: return DType::F32;
+    default: return dtype_is_quantized(d) ? DType::Q8_0 : d;
+  }
+}
+
+bool is_quantized(WType t) { return t == WType::Q8_0 || t == WType::Q4_0 || t == WType::Q4_K; }
+
+// A weight's GPU description: Tensor::packed of what prepare_weight returns.
+struct WeightHold {
+  GpuWeight w;
+};
+
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device), cpu_(make_cpu_backend()), pool_(std::make_shared<ScratchPool>()) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      fail("device 'cuda': no CUDA GPU is visible (driver missing or no device); use --device cpu");
+    }
+    MB_CHECK(device < n, "device 'cuda': GPU {} does not exist ({} visible)", device, n);
+    check(cudaSetDevice(device), "selecting the GPU");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "reading the GPU's properties");
+    gpu_name_ = prop.name;
+    MB_CHECK(prop.major >= 9, "device 'cuda': {} has compute capability {}.{}; this build's kernels are for 9.0 "
+             "(Hopper: H100, H200) or newer",
+             gpu_name_, prop.major, prop.minor);
+    check(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking), "creating a stream");
+    check(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "creating an event");
+    check_blas(cublasCreate(&blas_), "creating a handle");
+    check_blas(cublasSetStream(blas_, st_), "setting the stream");
+    // A fixed workspace, so that cuBLAS allocates nothing while a step is recorded.
+    check(cudaMalloc(&blas_ws_, kBlasWorkspace), "allocating cuBLAS's workspace");
+    check_blas(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), "setting the workspace");
+    graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
+    bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(st_);
+    forget_recordings();
+    const_cache_.clear();
+    staged_dev_ = Tensor();
+    if (staged_host_) cudaFreeHost(staged_host_);
+    cublasDestroy(blas_);
+    cudaFree(blas_ws_);
+    cudaEventDestroy(staged_);
+    cudaStreamDestroy(st_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+  DType kv_dtype() const override { return DType::BF16; }
+  bool supports_weight_dtype(DType d) const override {
+    return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
+  }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.device = Device::CUDA;
+    const size_t bytes = std::max<size_t>(t.nbytes(), 16);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      pool_->release_all();
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total = 0;
+        cudaMemGetInfo(&free_b, &total);
+        fail("out of GPU memory: a {} buffer of shape {} ({}) does not fit on the {} ({} free of {}); use a smaller "
+             "model or quantization, or less KV memory (--kv-mem, --ctx, --max-seqs)",
+             dtype_name(dtype), t.shape_str(), mib(bytes), gpu_name_, mib(free_b), mib(total));
+      }
+    }
+    check(cudaMemsetAsync(p, 0, bytes, st_), "clearing new memory");
+    t.data = p;
+    t.owner = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    return t;
+  }
+
+  Tensor scratch(DType dtype, std::vector<int64_t> shape) override {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.device = Device::CUDA;
+    const size_t bytes = std::max<size_t>(t.nbytes(), 16);
+    void* p = pool_->take(bytes);
+    t.data = p;
+    std::shared_ptr<ScratchPool> pool = pool_;
+    t.owner = std::shared_ptr<void>(p, [pool, bytes](void* q) { pool->give(q, bytes); });
+    return t;
+  }
+
+  Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
+    if (src.device == Device::CUDA) return src;
+    MB_CHECK(supports_weight_dtype(src.dtype), "cuda backend: unsupported weight dtype {}", dtype_name(src.dtype));
+    const DType want = gpu_dtype(dtype);
+    // Conversions between dtypes run on the host, through the CPU backend's (tested) converters.
+    const Tensor host = src.dtype == want ? src : cpu_->prepare_weight(src, want, WeightUse::Lookup);
+    const int64_t cols = host.cols(), rows = host.rows();
+    auto hold = std::make_shared<WeightHold>();
+    GpuWeight& w = hold->w;
+    w.type = wtype_of(want);
+    w.rows = rows;
+    w.cols = cols;
+    Tensor t = alloc(want, host.shape);
+    if (w.type == WType::Q4_0 || w.type == WType::Q8_0) {
+      const int qs_bytes = w.type == WType::Q4_0 ? 16 : 32;
+      const int64_t nblocks = rows * (cols / 32);
+      Tensor scales = alloc(DType::F16, {nblocks});
+      void* raw = pool_->take(host.nbytes());
+      check(cudaMemcpyAsync(raw, host.data, host.nbytes(), cudaMemcpyHostToDevice, st_), "uploading a weight");
+      split_blocks(raw, nblocks, qs_bytes + 2, qs_bytes, t.data, scales.ptr<uint16_t>(), st_);
+      check(cudaStreamSynchronize(st_), "uploading a weight");
+      pool_->give(raw, host.nbytes());
+      w.scale = scales.ptr<uint16_t>();
+      // The planes live as long as the tensor: one owner holds both.
+      auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(t.owner, scales.owner);
+      t.owner = std::shared_ptr<void>(both, t.data);
+    } else {
+      check(cudaMemcpyAsync(t.data, host.data, host.nbytes(), cudaMemcpyHostToDevice, st_), "uploading a weight");
+      check(cudaStreamSynchronize(st_), "uploading a weight");
+    }
+    w.qs = t.data;
+    if (use != WeightUse::Lookup && is_quantized(w.type) && want_bf16_copy(size_t(rows * cols) * 2)) {
+      // A bf16 copy for the products of many rows (prefill, large batches), which cuBLAS runs on
+      // tensor cores; decode's few rows stream the compact blocks.
+      Tensor copy = alloc(DType::BF16, {rows, cols});
+      dequant_bf16(w, 0, rows, copy.ptr<uint16_t>(), st_);
+      check(cudaStreamSynchronize(st_), "making a bf16 copy of a weight");
+      w.bf16 = copy.ptr<uint16_t>();
+      auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(t.owner, copy.owner);
+      t.owner = std::shared_ptr<void>(both, t.data);
+    }
+    t.packed = hold;
+    return t;
+  }
+
+  // ------------------------------------------------------------------ staging and recording
+
+  void stage(const std::vector<HostArray>& arrays) override {
+    abandon_recording();
+    size_t off = 0;
+    std::vector<size_t> at(arrays.size());
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      off = (off + 255) / 256 * 256;
+      at[i] = off;
+      off += std::max(arrays[i].reserve, arrays[i].bytes);
+    }
+    if (off > staged_cap_) {
+      // New buffers move every staged address: recordings that read the old ones go.
+      check(cudaStreamSynchronize(st_), "staging");
+      forget_recordings();
+      if (staged_host_) cudaFreeHost(staged_host_);
+      staged_host_ = nullptr;
+      staged_dev_ = Tensor();
+      staged_cap_ = std::max<size_t>(off * 2, size_t(1) << 20);
+      check(cudaMallocHost(&staged_host_, staged_cap_), "allocating pinned staging memory");
+      staged_dev_ = alloc(DType::U8, {int64_t(staged_cap_)});
+    }
+    // The previous step's copy must have left the pinned buffer before it is rewritten.
+    check(cudaEventSynchronize(staged_), "staging");
+    spans_.clear();
+    uint8_t* host = static_cast<uint8_t*>(staged_host_);
+    uint8_t* dev = staged_dev_.ptr<uint8_t>();
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      if (arrays[i].bytes) std::memcpy(host + at[i], arrays[i].data, arrays[i].bytes);
+      spans_.push_back({static_cast<const uint8_t*>(arrays[i].data), std::max(arrays[i].reserve, arrays[i].bytes),
+                        dev + at[i]});
+    }
+    if (off) check(cudaMemcpyAsync(dev, host, off, cudaMemcpyHostToDevice, st_), "staging a step's inputs");
+    check(cudaEventRecord(staged_, st_), "staging");
+  }
+
+  bool can_record_steps() const override { return graphs_on_; }
+
+  bool replay_step(uint64_t key) override {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    check(cudaGraphLaunch(it->second, st_), "replaying a recorded step");
+    return true;
+  }
+
+  void begin_recording(uint64_t key) override {
+    abandon_recording();
+    // A key's first step runs as plain ops (constants and pool memory get made then, outside a
+    // recording); its second is recorded.
+    if (seen_.insert(key).second) return;
+    if (graphs_.size() >= kMaxRecordings) forget_recordings();
+    check(cudaStreamBeginCapture(st_, cudaStreamCaptureModeRelaxed), "starting to record a step");
+    recording_ = true;
+  }
+
+  void end_recording(uint64_t key) override {
+    if (!recording_) return;
+    recording_ = false;
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(st_, &g), "recording a step");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    check(e, "instantiating a recorded step");
+    graphs_[key] = exec;
+    check(cudaGraphLaunch(exec, st_), "running a recorded step");
+  }
+
+  void forget_recordings() override {
+    abandon_recording();
+    if (!graphs_.empty()) cudaStreamSynchronize(st_);
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+    seen_.clear();
+  }
+
+  size_t device_free_bytes() const override {
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    return free_b;
+  }
+
+  double measure_copy_bandwidth(size_t bytes) override {
+    bytes = bytes / 16 * 16;
+    Tensor a = alloc(DType::U8, {int64_t(bytes)}), b = alloc(DType::U8, {int64_t(bytes)});
+    const int reps = 20;
+    const double s = copy_seconds(a.data, b.data, bytes, reps, st_);
+    return s > 0 ? 2.0 * double(bytes) * reps / s : 0.0;
+  }
+
+  void synchronize() override { check(cudaStreamSynchronize(st_), "waiting for the GPU"); }
+
+  // ------------------------------------------------------------------ ops
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override {
+    const GpuWeight gw = weight_of(w);
+    const int64_t n = x.rows(), k = x.cols();
+    MB_CHECK(gw.cols == k && y.numel() == n * gw.rows, "matmul: x {} · w {}ᵀ -> y {} do not fit",
+             x.shape_str(), w.shape_str(), y.shape_str());
+    on_device(x, "matmul x");
+    on_device(y, "matmul y");
+    if (n == 0) return;
+    const int64_t gemv_rows = is_quantized(gw.type) ? 2 * kGemvMaxRows : kGemvMaxRows;
+    if (n <= gemv_rows) {
+      if (is_quantized(gw.type)) {
+        Tensor q, d, s;
+        const QuantX xq = quantized(x, q, d, s);
+        gemv(gw, nullptr, &xq, n, y.f32(), st_);
+      } else {
+        gemv(gw, x.f32(), nullptr, n, y.f32(), st_);
+      }
+      return;
+    }
+    gemm(x, gw, y);
+  }
+
+  void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale_v, Tensor& out) override {
+    const GpuWeight gw = weight_of(table);
+    MB_CHECK(out.rows() == n && out.cols() == gw.cols, "embed: out {} does not fit {} rows of {}", out.shape_str(), n,
+             gw.cols);
+    cuda::embed(gw, dev(ids, n), n, scale_v, out.f32(), st_);
+  }
+
+  void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override {
+    MB_CHECK(x.numel() == y.numel(), "rms_norm: x {} and y {} differ", x.shape_str(), y.shape_str());
+    cuda::rms_norm(x.f32(), norm_weight(w, x.cols(), "rms_norm"), eps, add_one, x.rows(), x.cols(), y.f32(), st_);
+  }
+
+  void rope(Tensor& x, const int32_t* pos, const float* inv_freq) override {
+    MB_CHECK(x.rank() == 3, "rope: expected [n, heads, head_dim], got {}", x.shape_str());
+    const int64_t n = x.dim(0), hd = x.dim(2);
+    cuda::rope(x.f32(), n, x.dim(1), hd, dev(pos, n), constant(inv_freq, hd / 2), st_);
+  }
+
+  void rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
+                     const float* inv_freq) override {
+    MB_CHECK(x.rank() == 3, "rms_norm_rope: expected [n, heads, head_dim], got {}", x.shape_str());
+    const int64_t n = x.dim(0), hd = x.dim(2);
+    cuda::rms_norm_rope(x.f32(), n, x.dim(1), hd, norm_weight(w, hd, "rms_norm_rope"), eps, add_one, dev(pos, n),
+                        constant(inv_freq, hd / 2), st_);
+  }
+
+  void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float s) override {
+    MB_CHECK(x.numel() == branch.numel(), "add_rms_norm: x {} and branch {} differ", x.shape_str(),
+             branch.shape_str());
+    cuda::add_rms_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm"), eps, add_one, s, x.rows(),
+                       x.cols(), st_);
+  }
+
+  void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override {
+    KVSeqs seqs;
+    seqs.n = 1;
+    seqs.s[0] = kv_seq(kv, 0, k.dim(0), pos);
+    check_kv(kv, k);
+    cuda::kv_write(seqs, k.f32(), v.f32(), k.dim(1), k.dim(2), st_);
+  }
+
+  void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) override {
+    for (size_t i0 = 0; i0 < seqs.size(); i0 += kMaxSeqsPerLaunch) {
+      KVSeqs ks;
+      for (size_t i = i0; i < std::min(seqs.size(), i0 + kMaxSeqsPerLaunch); ++i) {
+        check_kv(*seqs[i].kv, k);
+        ks.s[ks.n++] = kv_seq(*seqs[i].kv, seqs[i].begin, seqs[i].count, seqs[i].pos);
+      }
+      cuda::kv_write(ks, k.f32(), v.f32(), k.dim(1), k.dim(2), st_);
+    }
+  }
+
+  void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
+                 Tensor& out) override {
+    attention_batch(q, {AttentionSeq{&kv, 0, q.dim(0), pos}}, p, out);
+  }
+
+  void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
+                       Tensor& out) override {
+    MB_CHECK(q.rank() == 3 && out.numel() == q.numel(), "attention: q {} / out {}", q.shape_str(), out.shape_str());
+    if (seqs.empty()) return;
+    const KVStore& kv0 = *seqs[0].kv;
+    AttnArgs a;
+    a.n_rows = q.dim(0);
+    a.n_heads = q.dim(1);
+    a.hd = q.dim(2);
+    a.n_kv = kv0.k.dim(1);
+    a.scale = p.scale;
+    a.softcap = p.softcap;
+    a.window = p.window;
+    MB_CHECK(kv0.k.dim(2) == a.hd && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.hd % 8 == 0 && a.hd <= 512,
+             "attention: q {} over KV {} (head dims up to 512, a multiple of 8)", q.shape_str(), kv0.k.shape_str());
+    const int64_t pf = attention_partial_floats(a);
+    Tensor part = pf > 0 ? scratch(DType::F32, {pf}) : Tensor();
+    for (size_t i0 = 0; i0 < seqs.size(); i0 += kMaxSeqsPerLaunch) {
+      KVSeqs ks;
+      for (size_t i = i0; i < std::min(seqs.size(), i0 + kMaxSeqsPerLaunch); ++i) {
+        check_kv(*seqs[i].kv, q);
+        ks.s[ks.n++] = kv_seq(*seqs[i].kv, seqs[i].begin, seqs[i].count, seqs[i].pos);
+      }
+      cuda::attention(ks, a, q.f32(), out.f32(), pf > 0 ? part.f32() : nullptr, st_);
+    }
+  }
+
+  void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    const int64_t n = gate.numel();
+    MB_CHECK(up.numel() == n && out.numel() == n, "gelu_tanh_mul: sizes differ");
+    cuda::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n, st_);
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    MB_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: sizes differ ({} vs {})", a.shape_str(),
+             b.shape_str());
+    cuda::add(a.f32(), b.f32(), out.f32(), a.numel(), st_);
+  }
+  void mul(const Tensor& a, const Tensor& b, Tensor& out) override {
+    const int64_t n = a.numel(), bn = b.numel();
+    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0, "mul: sizes {} and {} do not broadcast", a.shape_str(),
+             b.shape_str());
+    cuda::mul(a.f32(), b.f32(), out.f32(), n, bn, st_);
+  }
+  void scale(Tensor& x, float s) override { cuda::scale(x.f32(), x.numel(), s, st_); }
+  void softcap(Tensor& x, float cap) override { cuda::softcap(x.f32(), x.numel(), cap, st_); }
+
+  void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
+                  Tensor& experts) override {
+    const int64_t n = logits.rows(), E = logits.cols();
+    MB_CHECK(k > 0 && k <= E && k <= 64, "route_topk: k={} for {} experts", k, E);
+    cuda::route_topk(logits.f32(), n, E, k, per_expert_scale ? per_expert_scale->f32() : nullptr, weights.f32(),
+                     experts.ptr<int32_t>(), st_);
+  }
+
+  void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& weights,
+                         const Tensor& experts, Tensor& out) override {
+    const int64_t n = x.rows(), H = x.cols(), E = gate_up.dim(0), I2 = gate_up.dim(1), I = I2 / 2;
+    const int k = int(weights.cols());
+    MB_CHECK(gate_up.rank() == 3 && down.rank() == 3 && gate_up.dim(2) == H && down.dim(0) == E &&
+                 down.dim(1) == H && down.dim(2) == I,
+             "moe: expert tensors {} / {} do not fit hidden size {}", gate_up.shape_str(), down.shape_str(), H);
+    const GpuWeight gu = weight_of(gate_up), dn = weight_of(down);
+    MB_CHECK((is_quantized(gu.type) || H % 8 == 0) && (is_quantized(dn.type) || I % 8 == 0),
+             "moe: expert rows of {} and {} elements need a multiple of 8 on the GPU", H, I);
+    const int64_t pairs = n * k;
+    Tensor h = scratch(DType::F32, {pairs, I2});
+    Tensor q, d, s;
+    QuantX xq{};
+    if (is_quantized(gu.type)) xq = quantized(x, q, d, s);
+    moe_gemv(gu, I2, x.f32(), &xq, experts.ptr<int32_t>(), pairs, k, false, h.f32(), st_);
+    Tensor act = scratch(DType::F32, {pairs, I});
+    gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
+    h = Tensor();
+    Tensor y = scratch(DType::F32, {pairs, H});
+    Tensor q2, d2, s2;
+    QuantX aq{};
+    if (is_quantized(dn.type)) aq = quantized(act, q2, d2, s2);
+    moe_gemv(dn, H, act.f32(), &aq, experts.ptr<int32_t>(), pairs, k, true, y.f32(), st_);
+    moe_combine(y.f32(), weights.f32(), n, k, H, out.f32(), st_);
+  }
+
+  void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override {
+    const int64_t n = src.rows(), c = src.cols(), w = dst.cols();
+    MB_CHECK(dst.rows() == n && begin >= 0 && begin + w <= c, "slice_cols: [{}, {}) of {} into {}", begin, begin + w,
+             src.shape_str(), dst.shape_str());
+    cuda::slice_cols(src.f32(), n, c, begin, w, dst.f32(), st_);
+  }
+
+  void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override {
+    MB_CHECK(dst.rows() == n && dst.cols() == src.cols(), "gather_rows: {} rows of {} into {}", n, src.shape_str(),
+             dst.shape_str());
+    cuda::gather_rows(src.f32(), src.cols(), dev(rows, n), n, dst.f32(), st_);
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    MB_CHECK(src.nbytes() == dst.nbytes(), "copy: sizes differ ({} vs {})", src.shape_str(), dst.shape_str());
+    check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, st_), "copy");
+  }
+
+  void to_host(const Tensor& src, void* dst) override {
+    MB_CHECK(!recording_, "cuda backend: to_host inside a recorded step");
+    if (src.device != Device::CUDA) {
+      std::memcpy(dst, src.data, src.nbytes());
+      return;
+    }
+    check(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, st_), "copying to the host");
+    const cudaError_t e = cudaStreamSynchronize(st_);
+    if (e != cudaSuccess) fail("CUDA: a kernel of this step failed: {}", cudaGetErrorString(e));
+    uploads_.clear();
+  }
+
+ private:
+  static constexpr size_t kBlasWorkspace = size_t(64) << 20;
+  static constexpr size_t kMaxRecordings = 512;
+
+  struct Span {
+    const uint8_t* host;
+    size_t bytes;
+    uint8_t* dev;
+  };
+
+  static void on_device(const Tensor& t, const char* what) {
+    MB_CHECK(t.device == Device::CUDA, "cuda backend: {} {} is in host memory", what, t.shape_str());
+  }
+
+  // The device copy of host array [p, p + n): staged, or copied now (never while recording).
+  template <class T> const T* dev(const T* p, int64_t n) {
+    if (!p) return nullptr;
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+    const size_t bytes = size_t(std::max<int64_t>(n, 0)) * sizeof(T);
+    for (const Span& s : spans_)
+      if (b >= s.host && b + bytes <= s.host + s.bytes) return reinterpret_cast<const T*>(s.dev + (b - s.host));
+    MB_CHECK(!recording_, "cuda backend: an op was given host data that was not staged while a step is recorded");
+    Tensor t = scratch(DType::U8, {int64_t(std::max<size_t>(bytes, 16))});
+    if (bytes) check(cudaMemcpyAsync(t.data, p, bytes, cudaMemcpyHostToDevice, st_), "copying op inputs");
+    uploads_.push_back(t);
+    if (uploads_.size() > 4096) {
+      synchronize();
+      uploads_.erase(uploads_.begin(), uploads_.end() - 1);
+    }
+    return static_cast<const T*>(t.data);
+  }
+
+  // Constant host arrays (rotary frequencies), copied once per content.
+  const float* constant(const float* p, int64_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, p + i, 4);
+      h = (h ^ u) * 1099511628211ull;
+    }
+    const auto key = std::make_pair(reinterpret_cast<uintptr_t>(p) ^ (uint64_t(n) << 48), h);
+    auto it = const_cache_.find(key);
+    if (it != const_cache_.end()) return it->second.f32();
+    MB_CHECK(!recording_, "cuda backend: a new constant array while a step is recorded");
+    Tensor t = alloc(DType::F32, {std::max<int64_t>(n, 1)});
+    check(cudaMemcpy(t.data, p, size_t(n) * 4, cudaMemcpyHostToDevice), "copying constants");
+    return const_cache_.emplace(key, t).first->second.f32();
+  }
+
+  const float* norm_weight(const Tensor* w, int64_t cols, const char* op) {
+    if (!w) return nullptr;
+    MB_CHECK(w->dtype == DType::F32 && w->numel() == cols && w->device == Device::CUDA,
+             "{}: weight {} {} does not fit rows of {}", op, dtype_name(w->dtype), w->shape_str(), cols);
+    return w->f32();
+  }
+
+  static GpuWeight weight_of(const Tensor& w) {
+    if (w.packed) return static_cast<const WeightHold*>(w.packed.get())->w;
+    // A device tensor made without prepare_weight (f32/bf16 rows).
+    on_device(w, "weight");
+    GpuWeight g;
+    g.type = wtype_of(w.dtype);
+    MB_CHECK(!is_quantized(g.type), "cuda backend: a block-quantized weight must come from prepare_weight");
+    g.rows = w.rows();
+    g.cols = w.cols();
+    g.qs = w.data;
+    return g;
+  }
+
+  QuantX quantized(const Tensor& x, Tensor& q, Tensor& d, Tensor& s) {
+    const int64_t n = x.rows(), k = x.cols();
+    MB_CHECK(k % 32 == 0, "cuda backend: rows of {} elements cannot meet block-quantized weights", k);
+    q = scratch(DType::U8, {n * k});
+    d = scratch(DType::F32, {n * k / 32});
+    s = scratch(DType::F32, {n * k / 32});
+    quantize_x(x.f32(), n, k, q.ptr<int8_t>(), d.f32(), s.f32(), st_);
+    QuantX xq;
+    xq.q = q.ptr<int8_t>();
+    xq.d = d.f32();
+    xq.s = s.f32();
+    xq.k = k;
+    return xq;
+  }
+
+  // y[n, m] = x · wᵀ on cuBLAS: f32 weights as f32, the others as bf16 with f32 accumulation.
+  void gemm(const Tensor& x, const GpuWeight& w, Tensor& y) {
+    const int64_t n = x.rows(), k = x.cols(), m = w.rows;
+    const float one = 1.f, zero = 0.f;
+    if (w.type == WType::F32) {
+      check_blas(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one,
+                             static_cast<const float*>(w.qs), int(k), x.f32(), int(k), &zero, y.f32(), int(m)),
+                 "f32 matrix product");
+      return;
+    }
+    Tensor xb = scratch(DType::BF16, {n, k});
+    cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    auto run = [&](const uint16_t* wb, int64_t row0, int64_t rows) {
+      float* out = y.f32();
+      // Rows [row0, row0 + rows) of the output's columns: ldc stays m, the pointer moves.
+      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one, wb, CUDA_R_16BF,
+                              int(k), xb.data, CUDA_R_16BF, int(k), &zero, out + row0, CUDA_R_32F, int(m),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "bf16 matrix product");
+    };
+    if (w.type == WType::BF16) return run(static_cast<const uint16_t*>(w.qs), 0, m);
+    if (w.bf16) return run(w.bf16, 0, m);
+    // No bf16 copy: dequantize a slab of rows at a time.
+    const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(m, (int64_t(64) << 20) / std::max<int64_t>(k, 1)));
+    Tensor wb = scratch(DType::BF16, {slab, k});
+    for (int64_t r0 = 0; r0 < m; r0 += slab) {
+      const int64_t rows = std::min(slab, m - r0);
+      dequant_bf16(w, r0, rows, wb.ptr<uint16_t>(), st_);
+      run(wb.ptr<uint16_t>(), r0, rows);
+    }
+  }
+
+  bool want_bf16_copy(size_t bytes) {
+    if (bf16_copies_ >= 0) return bf16_copies_ != 0;
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    // Only while at least 40% of the GPU stays free for the rest of the weights and the KV pages.
+    return free_b > bytes && free_b - bytes > total / 10 * 4;
+  }
+
+  void check_kv(const KVStore& kv, const Tensor& rows) const {
+    MB_CHECK(kv.k.dtype == DType::BF16 && kv.k.device == Device::CUDA && kv.k.rank() == 3 &&
+                 kv.k.dim(2) == rows.dim(2),
+             "cuda backend: KV store {} {} does not fit rows {} (bf16 KV on the GPU expected)", dtype_name(kv.k.dtype),
+             kv.k.shape_str(), rows.shape_str());
+  }
+
+  KVSeq kv_seq(const KVStore& kv, int64_t begin, int64_t count, const int32_t* pos) {
+    KVSeq s;
+    s.k = kv.k.data;
+    s.v = kv.v.data;
+    s.capacity = kv.capacity > 0 ? kv.capacity : kv.k.dim(0);
+    s.ring = kv.ring ? 1 : 0;
+    if (kv.pages) {
+      MB_CHECK(kv.page_size > 0 && (kv.page_size & (kv.page_size - 1)) == 0, "KV pages of {} rows", kv.page_size);
+      s.pages = dev(kv.pages, kv.n_pages);
+      s.page_shift = __builtin_ctzll(uint64_t(kv.page_size));
+    }
+    s.pos = dev(pos, count);
+    s.begin = int32_t(begin);
+    s.count = int32_t(count);
+    return s;
+  }
+
+  void abandon_recording() {
+    if (!recording_) return;
+    recording_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+  }
+
+  int device_;
+  std::string gpu_name_;
+  std::unique_ptr<Backend> cpu_;
+  std::shared_ptr<ScratchPool> pool_;
+  cudaStream_t st_ = nullptr;
+  cudaEvent_t staged_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* blas_ws_ = nullptr;
+  bool graphs_on_ = true;
+  int bf16_copies_ = -1;
+  bool recording_ = false;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  std::unordered_set<uint64_t> seen_;
+  void* staged_host_ = nullptr;
+  Tensor staged_dev_;
+  size_t staged_cap_ = 0;
+  std::vector<Span> spans_;
+  std::vector<Tensor> uploads_;
+  std::map<std::pair<uint64_t, uint64_t>, Tensor> const_cache_;
+};
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace mb::cuda

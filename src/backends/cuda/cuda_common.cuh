@@ -1,0 +1,88 @@
+// Device helpers shared by the kernel files.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_kernels.h"
+
+namespace mb::cuda {
+
+// Throws mb::Error naming `what` when the last launch failed (cuda_backend.cpp).
+void check_launch(const char* what);
+
+__device__ __forceinline__ float bf16_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+// Round to nearest even, as the host's f32_to_bf16 (NaN kept).
+__device__ __forceinline__ uint16_t f32_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+__device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* smem32) {
+  v = warp_sum(v);
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+  __syncthreads();
+  if (l == 0) smem32[w] = v;
+  __syncthreads();
+  v = l < nw ? smem32[l] : 0.f;
+  return warp_sum(v);
+}
+
+// One weight element as f32 (lookups and conversions; matmuls use the wide paths).
+__device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_t c) {
+  switch (w.type) {
+    case WType::F32: return static_cast<const float*>(w.qs)[r * w.cols + c];
+    case WType::BF16: return bf16_f32(static_cast<const uint16_t*>(w.qs)[r * w.cols + c]);
+    case WType::Q8_0: {
+      const int64_t nb = w.cols / 32, b = c / 32;
+      const int8_t q = static_cast<const int8_t*>(w.qs)[(r * nb + b) * 32 + c % 32];
+      return float(q) * half_f32(w.scale[r * nb + b]);
+    }
+    case WType::Q4_0: {
+      const int64_t nb = w.cols / 32, b = c / 32, j = c % 32;
+      const uint8_t byte = static_cast<const uint8_t*>(w.qs)[(r * nb + b) * 16 + j % 16];
+      const int q = j < 16 ? (byte & 15) : (byte >> 4);
+      return float(q - 8) * half_f32(w.scale[r * nb + b]);
+    }
+    case WType::Q4_K: {
+      const int64_t nsb = w.cols / 256, sb = c / 256, e = c % 256;
+      const uint8_t* blk = static_cast<const uint8_t*>(w.qs) + (r * nsb + sb) * 144;
+      const float d = half_f32(*reinterpret_cast<const uint16_t*>(blk));
+      const float dmin = half_f32(*reinterpret_cast<const uint16_t*>(blk + 2));
+      const uint8_t* sc = blk + 4;
+      const int sub = int(e / 32);  // sub-block 0..7
+      int s, m;
+      if (sub < 4) {
+        s = sc[sub] & 63;
+        m = sc[sub + 4] & 63;
+      } else {
+        s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+      }
+      const uint8_t byte = blk[16 + (sub / 2) * 32 + e % 32];
+      const int q = (sub % 2 == 0) ? (byte & 15) : (byte >> 4);
+      return d * float(s) * float(q) - dmin * float(m);
+    }
+  }
+  return 0.f;
+}
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace mb::cuda

@@ -1,0 +1,111 @@
+// Launchers of the CUDA backend's kernels: plain host functions over device pointers, each
+// enqueued on `stream` and returning at once. Shapes follow backend.h (row-major, f32 activations);
+// weights are described by GpuWeight. Nothing here knows about models.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mb::cuda {
+
+// A weight on the GPU in the layout the kernels read. Block types are stored as planes so that a
+// warp's loads are 16-byte aligned and coalesced (ggml's 18- and 34-byte blocks are not):
+//   Q4_0: qs = rows x blocks x 16 bytes (element j of a block in byte j % 16, low nibble for
+//         j < 16), scale = rows x blocks halves;  Q8_0: qs = rows x blocks x 32 int8, scale as Q4_0;
+//   Q4_K: ggml's 144-byte super-blocks as they are (already 16-byte multiples), scale unused;
+//   F32, BF16: plain rows in qs.
+enum class WType : int { F32, BF16, Q8_0, Q4_0, Q4_K };
+struct GpuWeight {
+  WType type = WType::F32;
+  int64_t rows = 0, cols = 0;          // all rows (experts stacked: E * rows of one expert)
+  const void* qs = nullptr;
+  const uint16_t* scale = nullptr;     // halves
+  const uint16_t* bf16 = nullptr;      // a bf16 copy for large products, or null
+};
+
+// Activations quantized to int8 in blocks of 32 (for the integer dot products of Q8_0/Q4_0/Q4_K):
+// q [n, k] int8, d [n, k/32] scale, s [n, k/32] = d * sum(q) of each block.
+struct QuantX {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* s = nullptr;
+  int64_t k = 0;
+};
+
+void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st);
+
+// y[n, m] = x[n, k] · wᵀ for n <= kGemvMaxRows. x is read as f32 (F32/BF16 weights) or as xq.
+inline constexpr int kGemvMaxRows = 8;
+void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st);
+// Rows of w as bf16 into out [rows, cols] (for cuBLAS).
+void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
+
+// Mixture of experts, pair p = token * k + j reading expert ids[p]:
+// h[p, rows_per_expert] = W[ids[p]] · x[p / k (x_per_pair ? p : p / k)]
+void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,
+              int64_t pairs, int k, bool x_per_pair, float* h, cudaStream_t st);
+// out[t, H] = sum_j weights[t, j] * y[t * k + j, H]
+void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out, cudaStream_t st);
+// act[p, I] = gelu_tanh(h[p, :I]) * h[p, I:2I]
+void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaStream_t st);
+void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
+                int32_t* experts, cudaStream_t st);
+
+// Elementwise and normalisation ops (backend.h semantics).
+void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t st);
+void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
+              cudaStream_t st);
+void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq,
+          cudaStream_t st);
+void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* w, float eps, bool add_one,
+                   const int32_t* pos, const float* inv_freq, cudaStream_t st);
+void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
+                  int64_t cols, cudaStream_t st);
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
+void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
+void scale(float* x, int64_t n, float s, cudaStream_t st);
+void softcap(float* x, int64_t n, float cap, cudaStream_t st);
+void slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst, cudaStream_t st);
+void gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst, cudaStream_t st);
+
+// One sequence's KV as the attention kernels address it (backend.h's KVStore on the device).
+struct KVSeq {
+  const void* k = nullptr;  // bf16 [capacity, nkv, hd]
+  const void* v = nullptr;
+  const int32_t* pages = nullptr;  // device page table or null
+  const int32_t* pos = nullptr;    // device positions of the sequence's rows
+  int64_t capacity = 0;
+  int32_t begin = 0, count = 0;
+  int32_t ring = 0;
+  int32_t page_shift = 0;          // log2(page_size)
+};
+inline constexpr int kMaxSeqsPerLaunch = 32;
+struct KVSeqs {
+  KVSeq s[kMaxSeqsPerLaunch];
+  int n = 0;
+};
+// Writes rows of k, v [n, nkv, hd] (f32) to each sequence's slots as bf16.
+void kv_write(const KVSeqs& seqs, const float* k, const float* v, int64_t nkv, int64_t hd, cudaStream_t st);
+
+struct AttnArgs {
+  int64_t n_rows = 0;  // rows of q covered by the sequences (the highest begin + count)
+  int64_t n_heads = 0, n_kv = 0, hd = 0;
+  float scale = 1.f, softcap = 0.f;
+  int window = 0;
+};
+// out[n, nh, hd] = attention of q[n, nh, hd]; `partial` scratch for the key splits:
+// attention_partial_floats(args) floats.
+int64_t attention_splits(const AttnArgs& a);
+int64_t attention_partial_floats(const AttnArgs& a);
+void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st);
+
+// ggml blocks of `block_bytes` (a half scale first, then qs_bytes of quants) into GpuWeight planes.
+void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,
+                  cudaStream_t st);
+
+// Copy bandwidth probe: reads src and writes dst `reps` times; returns seconds.
+double copy_seconds(const void* src, void* dst, size_t bytes, int reps, cudaStream_t st);
+
+}  // namespace mb::cuda

@@ -1,0 +1,279 @@
+// Attention over bf16 KV addressed through each sequence's page table (or a ring, or plain rows),
+// for head dims up to 512 (Gemma 4's full-attention layers), which FlashAttention does not cover.
+//
+// A block takes one query row and GH query heads that share a KV head (so K and V are read once
+// for the group) and one of S splits of the row's keys; its 4 warps take every 4th key of the
+// split, each keeping an online softmax, merged in shared memory. With S > 1 (few query rows, as
+// in decode) the splits' partial results are merged by a second kernel. Every launch parameter is
+// fixed by the batch's shape, never by positions, so a recorded decode step stays valid.
+#include <cfloat>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace mb::cuda {
+
+namespace {
+
+constexpr int kAttnWarps = 4;
+
+__device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
+  for (int i = 0; i < seqs.n; ++i)
+    if (row >= seqs.s[i].begin && row < seqs.s[i].begin + seqs.s[i].count) return i;
+  return -1;
+}
+
+__device__ __forceinline__ int64_t kv_slot(const KVSeq& s, int64_t pos) {
+  if (s.pages) return (int64_t(s.pages[pos >> s.page_shift]) << s.page_shift) | (pos & ((int64_t(1) << s.page_shift) - 1));
+  return s.ring ? pos % s.capacity : pos;
+}
+
+__device__ __forceinline__ void load8(const uint16_t* p, float* f) {
+  const int4 raw = __ldg(reinterpret_cast<const int4*>(p));
+  const uint32_t r[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(r[i] << 16);
+    f[2 * i + 1] = __uint_as_float(r[i] & 0xffff0000u);
+  }
+}
+
+// C: 256-element chunks of a head (1 or 2); GH: query heads per block.
+template <int C, int GH>
+__global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S,
+                                                               const float* q, float* out, float* part) {
+  extern __shared__ float sm[];  // [warps][GH][hd] acc, then [warps][GH] m and l
+  const int64_t row = row0 + blockIdx.x;
+  const int si = find_seq(seqs, row);
+  if (si < 0) return;
+  const KVSeq& s = seqs.s[si];
+  const int64_t hd = a.hd, nh = a.n_heads, group = a.n_heads / a.n_kv;
+  const int64_t h0 = int64_t(blockIdx.y) * GH, g = h0 / group;
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const int64_t p = s.pos[row - s.begin];
+  const int64_t lo = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
+  const int64_t nkeys = p - lo + 1, chunk = (nkeys + S - 1) / S;
+  const int64_t kb = lo + split * chunk;
+  const int64_t ke = kb + chunk < p + 1 ? kb + chunk : p + 1;
+
+  float qv[GH][C][8], acc[GH][C][8], m[GH], l[GH];
+#pragma unroll
+  for (int i = 0; i < GH; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t e = c * 256 + lane * 8;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        acc[i][c][t] = 0.f;
+        qv[i][c][t] = e + t < hd ? q[(row * nh + h0 + i) * hd + e + t] : 0.f;
+      }
+    }
+  }
+  const uint16_t* K = static_cast<const uint16_t*>(s.k);
+  const uint16_t* V = static_cast<const uint16_t*>(s.v);
+  for (int64_t key = kb + warp; key < ke; key += kAttnWarps) {
+    const int64_t base = (kv_slot(s, key) * a.n_kv + g) * hd;
+    float kf[C][8];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t e = c * 256 + lane * 8;
+      if (e < hd) load8(K + base + e, kf[c]);
+      else
+#pragma unroll
+        for (int t = 0; t < 8; ++t) kf[c][t] = 0.f;
+    }
+    float sc[GH];
+#pragma unroll
+    for (int i = 0; i < GH; ++i) {
+      float d = 0.f;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int t = 0; t < 8; ++t) d += qv[i][c][t] * kf[c][t];
+      d = warp_sum(d) * a.scale;
+      if (a.softcap > 0.f) d = a.softcap * tanhf(d / a.softcap);
+      sc[i] = d;
+    }
+    float vf[C][8];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t e = c * 256 + lane * 8;
+      if (e < hd) load8(V + base + e, vf[c]);
+      else
+#pragma unroll
+        for (int t = 0; t < 8; ++t) vf[c][t] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < GH; ++i) {
+      const float mn = fmaxf(m[i], sc[i]);
+      const float corr = __expf(m[i] - mn), w = __expf(sc[i] - mn);
+      l[i] = l[i] * corr + w;
+      m[i] = mn;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[i][c][t] = acc[i][c][t] * corr + w * vf[c][t];
+    }
+  }
+  // Merge the warps.
+  float* sacc = sm;
+  float* sml = sm + kAttnWarps * GH * hd;
+#pragma unroll
+  for (int i = 0; i < GH; ++i) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int64_t e = c * 256 + lane * 8;
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        if (e + t < hd) sacc[(warp * GH + i) * hd + e + t] = acc[i][c][t];
+    }
+    if (lane == 0) {
+      sml[(warp * GH + i) * 2] = m[i];
+      sml[(warp * GH + i) * 2 + 1] = l[i];
+    }
+  }
+  __syncthreads();
+  for (int i = 0; i < GH; ++i) {
+    float M = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sml[(w * GH + i) * 2]);
+    float f[kAttnWarps], L = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) {
+      f[w] = M == -INFINITY ? 0.f : __expf(sml[(w * GH + i) * 2] - M);
+      L += f[w] * sml[(w * GH + i) * 2 + 1];
+    }
+    const int64_t h = h0 + i;
+    for (int64_t e = threadIdx.x; e < hd; e += blockDim.x) {
+      float v = 0.f;
+      for (int w = 0; w < kAttnWarps; ++w) v += f[w] * sacc[(w * GH + i) * hd + e];
+      if (S == 1) {
+        out[(row * nh + h) * hd + e] = v / L;
+      } else {
+        part[((row * nh + h) * S + split) * (hd + 2) + 2 + e] = v;
+      }
+    }
+    if (S > 1 && threadIdx.x == 0) {
+      part[((row * nh + h) * S + split) * (hd + 2)] = M;
+      part[((row * nh + h) * S + split) * (hd + 2) + 1] = L;
+    }
+  }
+}
+
+__global__ void k_attention_merge(KVSeqs seqs, AttnArgs a, int64_t row0, int S, const float* part, float* out) {
+  const int64_t row = row0 + blockIdx.x, h = blockIdx.y, hd = a.hd, nh = a.n_heads;
+  if (find_seq(seqs, row) < 0) return;
+  const float* pr = part + (row * nh + h) * S * (hd + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, pr[s * (hd + 2)]);
+  float L = 0.f;
+  for (int s = 0; s < S; ++s) {
+    const float ms = pr[s * (hd + 2)];
+    if (ms != -INFINITY) L += __expf(ms - M) * pr[s * (hd + 2) + 1];
+  }
+  for (int64_t e = threadIdx.x; e < hd; e += blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float ms = pr[s * (hd + 2)];
+      if (ms != -INFINITY) v += __expf(ms - M) * pr[s * (hd + 2) + 2 + e];
+    }
+    out[(row * nh + h) * hd + e] = v / L;
+  }
+}
+
+__global__ void k_kv_write(KVSeqs seqs, int64_t row0, const float* k, const float* v, int64_t nkv, int64_t hd) {
+  const int64_t row = row0 + blockIdx.x;
+  const int si = find_seq(seqs, row);
+  if (si < 0) return;
+  const KVSeq& s = seqs.s[si];
+  const int64_t slot = kv_slot(s, s.pos[row - s.begin]);
+  uint16_t* K = static_cast<uint16_t*>(const_cast<void*>(s.k));
+  uint16_t* V = static_cast<uint16_t*>(const_cast<void*>(s.v));
+  const int64_t w = nkv * hd;
+  for (int64_t e = threadIdx.x; e < w; e += blockDim.x) {
+    K[slot * w + e] = f32_bf16(k[row * w + e]);
+    V[slot * w + e] = f32_bf16(v[row * w + e]);
+  }
+}
+
+int heads_per_block(const AttnArgs& a) {
+  const int64_t group = a.n_heads / a.n_kv;
+  const int cap = a.hd > 256 ? 4 : 8;
+  for (int gh = cap; gh > 1; gh /= 2)
+    if (group % gh == 0) return gh;
+  return 1;
+}
+
+void rows_of(const KVSeqs& seqs, int64_t& row0, int64_t& rows) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int i = 0; i < seqs.n; ++i) {
+    lo = seqs.s[i].begin < lo ? seqs.s[i].begin : lo;
+    hi = seqs.s[i].begin + seqs.s[i].count > hi ? seqs.s[i].begin + seqs.s[i].count : hi;
+  }
+  row0 = lo == INT64_MAX ? 0 : lo;
+  rows = hi > row0 ? hi - row0 : 0;
+}
+
+template <int C, int GH>
+void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, const float* q, float* out,
+            float* part, cudaStream_t st) {
+  const size_t smem = size_t(kAttnWarps * GH) * (size_t(a.hd) + 2) * 4;
+  static bool raised = false;  // > 48 KB of shared memory must be asked for once per kernel
+  if (!raised) {
+    cudaFuncSetAttribute(k_attention<C, GH>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+    raised = true;
+  }
+  const dim3 grid(unsigned(rows), unsigned(a.n_heads / GH), unsigned(S));
+  k_attention<C, GH><<<grid, kAttnWarps * 32, smem, st>>>(seqs, a, row0, S, q, out, part);
+}
+
+}  // namespace
+
+int64_t attention_splits(const AttnArgs& a) {
+  const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
+  int64_t s = (2 * 132 + base - 1) / (base > 0 ? base : 1);
+  return s < 1 ? 1 : s > 32 ? 32 : s;
+}
+
+int64_t attention_partial_floats(const AttnArgs& a) {
+  const int64_t S = attention_splits(a);
+  return S > 1 ? a.n_rows * a.n_heads * S * (a.hd + 2) : 0;
+}
+
+void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st) {
+  int64_t row0, rows;
+  rows_of(seqs, row0, rows);
+  if (rows == 0) return;
+  const int S = int(attention_splits(a));
+  const int gh = heads_per_block(a);
+  const int c = a.hd > 256 ? 2 : 1;
+#define MB_ATTN(CC, GG) launch<CC, GG>(seqs, a, row0, rows, S, q, out, partial, st)
+  if (c == 1) {
+    if (gh == 8) MB_ATTN(1, 8);
+    else if (gh == 4) MB_ATTN(1, 4);
+    else if (gh == 2) MB_ATTN(1, 2);
+    else MB_ATTN(1, 1);
+  } else {
+    if (gh == 4) MB_ATTN(2, 4);
+    else if (gh == 2) MB_ATTN(2, 2);
+    else MB_ATTN(2, 1);
+  }
+#undef MB_ATTN
+  check_launch("attention");
+  if (S > 1) {
+    k_attention_merge<<<dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st>>>(seqs, a, row0, S, partial, out);
+    check_launch("attention merge");
+  }
+}
+
+void kv_write(const KVSeqs& seqs, const float* k, const float* v, int64_t nkv, int64_t hd, cudaStream_t st) {
+  int64_t row0, rows;
+  rows_of(seqs, row0, rows);
+  if (rows == 0) return;
+  k_kv_write<<<unsigned(rows), 256, 0, st>>>(seqs, row0, k, v, nkv, hd);
+  check_launch("kv_write");
+}
+
+}  // namespace mb::cuda

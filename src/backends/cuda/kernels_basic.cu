@@ -1,0 +1,389 @@
+// Elementwise, normalisation, rotary, lookup and routing kernels: memory-bound one-pass ops.
+#include <cfloat>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace mb::cuda {
+
+namespace {
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi), as torch's gelu(approximate="tanh")
+  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale, float* out) {
+  const int64_t i = blockIdx.y;
+  const int64_t row = ids[i];
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < t.cols; c += int64_t(gridDim.x) * blockDim.x)
+    out[i * t.cols + c] = weight_at(t, row, c) * scale;
+}
+
+__global__ void k_rms_norm(const float* x, const float* w, float eps, int add_one, int64_t cols, float* y) {
+  __shared__ float red[32];
+  const float* xr = x + blockIdx.x * cols;
+  float* yr = y + blockIdx.x * cols;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = xr[c] * inv;
+    if (w) v *= add_one ? 1.f + w[c] : w[c];
+    yr[c] = v;
+  }
+}
+
+// One block per (token, head): optional RMS norm of the head, then the half-split rotation.
+__global__ void k_norm_rope(float* x, int64_t heads, int64_t hd, const float* w, float eps, int add_one, int do_norm,
+                            const int32_t* pos, const float* inv_freq) {
+  __shared__ float red[32];
+  extern __shared__ float v[];
+  const int64_t t = blockIdx.x / heads;
+  float* xr = x + blockIdx.x * hd;
+  float inv = 1.f;
+  if (do_norm) {
+    float ss = 0.f;
+    for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / float(hd) + eps);
+  }
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
+    float a = xr[c];
+    if (do_norm) {
+      a *= inv;
+      if (w) a *= add_one ? 1.f + w[c] : w[c];
+    }
+    v[c] = a;
+  }
+  __syncthreads();
+  const int64_t half = hd / 2;
+  const float p = float(pos[t]);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const float f = inv_freq[j];
+    const float a = v[j], b = v[j + half];
+    if (f == 0.f) {
+      xr[j] = a;
+      xr[j + half] = b;
+    } else {
+      // Angles in f32 as transformers forms them: float(pos) * inv_freq; precise sin/cos.
+      float s, c;
+      sincosf(p * f, &s, &c);
+      xr[j] = a * c - b * s;
+      xr[j + half] = b * c + a * s;
+    }
+  }
+}
+
+__global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
+                               int64_t cols) {
+  __shared__ float red[32];
+  float* xr = x + blockIdx.x * cols;
+  const float* b = br + blockIdx.x * cols;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += b[c] * b[c];
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = b[c] * inv;
+    if (w) v *= add_one ? 1.f + w[c] : w[c];
+    float r = xr[c] + v;
+    if (scale != 1.f) r *= scale;
+    xr[c] = r;
+  }
+}
+
+__global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = gelu_tanh_f(g[i]) * u[i];
+}
+__global__ void k_gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act) {
+  const int64_t n = pairs * I;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i / I, c = i % I;
+    act[i] = gelu_tanh_f(h[p * 2 * I + c]) * h[p * 2 * I + I + c];
+  }
+}
+__global__ void k_add(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = a[i] + b[i];
+}
+__global__ void k_mul(const float* a, const float* b, float* o, int64_t n, int64_t bn) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = a[i] * b[i % bn];
+}
+__global__ void k_scale(float* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+__global__ void k_softcap(float* x, int64_t n, float cap) {
+  const float inv = 1.f / cap;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = tanhf(x[i] * inv) * cap;
+}
+__global__ void k_slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst) {
+  const int64_t n = rows * w;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[(i / w) * cols + begin + i % w];
+}
+__global__ void k_gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst) {
+  const int64_t total = n * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[int64_t(rows[i / cols]) * cols + i % cols];
+}
+__global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = f32_bf16(x[i]);
+}
+
+// One warp per block of 32 activations: symmetric int8 with scale amax / 127.
+__global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d, float* s) {
+  const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= blocks) return;
+  const float v = x[b * 32 + lane];
+  const float amax = warp_max(fabsf(v));
+  const float dd = amax / 127.f;
+  const int qi = amax == 0.f ? 0 : __float2int_rn(v / dd);
+  q[b * 32 + lane] = int8_t(qi);
+  const float qs = warp_sum(float(qi));
+  if (lane == 0) {
+    d[b] = dd;
+    s[b] = dd * qs;
+  }
+}
+
+// One block per token: softmax over E logits, top k by repeated arg-max (ties to the lower index),
+// renormalised, times the per-expert scale.
+__global__ void k_route_topk(const float* logits, int64_t E, int k, const float* pes, float* weights,
+                             int32_t* experts) {
+  extern __shared__ float prob[];
+  __shared__ float red[32];
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  __shared__ int chosen[64];
+  const float* l = logits + blockIdx.x * E;
+  float mx = -FLT_MAX;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+  __syncthreads();
+  mx = -FLT_MAX;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) mx = fmaxf(mx, red[i]);
+  __syncthreads();
+  float sum = 0.f;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) sum += (prob[e] = expf(l[e] - mx));
+  sum = block_sum(sum, red);
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) prob[e] /= sum;
+  __syncthreads();
+  float tot = 0.f;
+  for (int j = 0; j < k; ++j) {
+    float bv = -1.f;
+    int bi = int(E);
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+      const float p = prob[e];
+      if (p > bv || (p == bv && int(e) < bi)) {
+        bv = p;
+        bi = int(e);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (threadIdx.x % 32 == 0) {
+      best_v[threadIdx.x / 32] = bv;
+      best_i[threadIdx.x / 32] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = best_v[0];
+      int idx = best_i[0];
+      for (int i = 1; i < int(blockDim.x / 32); ++i)
+        if (best_v[i] > v || (best_v[i] == v && best_i[i] < idx)) {
+          v = best_v[i];
+          idx = best_i[i];
+        }
+      chosen[j] = idx;
+      prob[idx] = -2.f - prob[idx];  // taken; its value stays recoverable
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < k; ++j) tot += -2.f - prob[chosen[j]];
+    for (int j = 0; j < k; ++j) {
+      const int e = chosen[j];
+      float w = (-2.f - prob[e]) / tot;
+      if (pes) w *= pes[e];
+      weights[blockIdx.x * k + j] = w;
+      experts[blockIdx.x * k + j] = e;
+    }
+  }
+}
+
+__global__ void k_moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out) {
+  const int64_t total = n * H;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / H, c = i % H;
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += weights[t * k + j] * y[(t * k + j) * H + c];
+    out[i] = acc;
+  }
+}
+
+__global__ void k_copy_probe(const int4* src, int4* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+// ggml blocks (a half scale, then qs_bytes of quants) into a quants plane and a scales plane.
+__global__ void k_split_blocks(const uint8_t* raw, int64_t nblocks, int block_bytes, int qs_bytes, uint8_t* qs,
+                               uint16_t* scale) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < nblocks; b += int64_t(gridDim.x) * blockDim.x) {
+    const uint8_t* src = raw + b * block_bytes;
+    scale[b] = uint16_t(src[0] | (src[1] << 8));
+    for (int i = 0; i < qs_bytes; ++i) qs[b * qs_bytes + i] = src[2 + i];
+  }
+}
+
+unsigned grid_1d(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return unsigned(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
+int norm_threads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : cols > 64 ? 128 : 64; }
+
+}  // namespace
+
+void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t st) {
+  if (n == 0) return;
+  const dim3 grid(unsigned((table.cols + 255) / 256), unsigned(n));
+  k_embed<<<grid, 256, 0, st>>>(table, ids, n, scale, out);
+  check_launch("embed");
+}
+
+void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
+              cudaStream_t st) {
+  if (rows == 0) return;
+  k_rms_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, w, eps, add_one, cols, y);
+  check_launch("rms_norm");
+}
+
+void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq, cudaStream_t st) {
+  if (n == 0) return;
+  k_norm_rope<<<unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st>>>(x, heads, hd, nullptr, 0.f, 0, 0, pos,
+                                                                             inv_freq);
+  check_launch("rope");
+}
+
+void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* w, float eps, bool add_one,
+                   const int32_t* pos, const float* inv_freq, cudaStream_t st) {
+  if (n == 0) return;
+  k_norm_rope<<<unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st>>>(x, heads, hd, w, eps, add_one, 1, pos,
+                                                                             inv_freq);
+  check_launch("rms_norm_rope");
+}
+
+void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
+                  int64_t cols, cudaStream_t st) {
+  if (rows == 0) return;
+  k_add_rms_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, branch, w, eps, add_one, scale, cols);
+  check_launch("add_rms_norm");
+}
+
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  k_gelu_mul<<<grid_1d(n), 256, 0, st>>>(g, u, out, n);
+  check_launch("gelu_tanh_mul");
+}
+void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaStream_t st) {
+  if (pairs * I == 0) return;
+  k_gelu_split_mul<<<grid_1d(pairs * I), 256, 0, st>>>(h, pairs, I, act);
+  check_launch("moe gelu");
+}
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  k_add<<<grid_1d(n), 256, 0, st>>>(a, b, out, n);
+  check_launch("add");
+}
+void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st) {
+  if (n == 0) return;
+  k_mul<<<grid_1d(n), 256, 0, st>>>(a, b, out, n, bn);
+  check_launch("mul");
+}
+void scale(float* x, int64_t n, float s, cudaStream_t st) {
+  if (n == 0) return;
+  k_scale<<<grid_1d(n), 256, 0, st>>>(x, n, s);
+  check_launch("scale");
+}
+void softcap(float* x, int64_t n, float cap, cudaStream_t st) {
+  if (n == 0) return;
+  k_softcap<<<grid_1d(n), 256, 0, st>>>(x, n, cap);
+  check_launch("softcap");
+}
+void slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst, cudaStream_t st) {
+  if (rows * w == 0) return;
+  k_slice_cols<<<grid_1d(rows * w), 256, 0, st>>>(src, rows, cols, begin, w, dst);
+  check_launch("slice_cols");
+}
+void gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst, cudaStream_t st) {
+  if (n * cols == 0) return;
+  k_gather_rows<<<grid_1d(n * cols), 256, 0, st>>>(src, cols, rows, n, dst);
+  check_launch("gather_rows");
+}
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st) {
+  if (n == 0) return;
+  k_f32_to_bf16<<<grid_1d(n), 256, 0, st>>>(x, n, out);
+  check_launch("f32_to_bf16");
+}
+void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st) {
+  const int64_t blocks = n * k / 32;
+  if (blocks == 0) return;
+  k_quantize_x<<<blocks_for(blocks * 32, 256), 256, 0, st>>>(x, blocks, q, d, s);
+  check_launch("quantize activations");
+}
+void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
+                int32_t* experts, cudaStream_t st) {
+  if (n == 0) return;
+  k_route_topk<<<unsigned(n), 128, size_t(E) * 4, st>>>(logits, E, k, per_expert_scale, weights, experts);
+  check_launch("route_topk");
+}
+void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out, cudaStream_t st) {
+  if (n * H == 0) return;
+  k_moe_combine<<<grid_1d(n * H), 256, 0, st>>>(y, weights, n, k, H, out);
+  check_launch("moe combine");
+}
+
+void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,
+                  cudaStream_t st) {
+  if (nblocks == 0) return;
+  k_split_blocks<<<grid_1d(nblocks), 256, 0, st>>>(static_cast<const uint8_t*>(raw), nblocks, block_bytes, qs_bytes,
+                                                   static_cast<uint8_t*>(qs), scale);
+  check_launch("repack weight blocks");
+}
+
+double copy_seconds(const void* src, void* dst, size_t bytes, int reps, cudaStream_t st) {
+  const int64_t n = int64_t(bytes / 16);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  k_copy_probe<<<132 * 8, 512, 0, st>>>(static_cast<const int4*>(src), static_cast<int4*>(dst), n);  // warm-up
+  cudaEventRecord(a, st);
+  for (int r = 0; r < reps; ++r)
+    k_copy_probe<<<132 * 8, 512, 0, st>>>(static_cast<const int4*>(src), static_cast<int4*>(dst), n);
+  cudaEventRecord(b, st);
+  cudaEventSynchronize(b);
+  check_launch("bandwidth probe");
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms) / 1e3;
+}
+
+}  // namespace mb::cuda

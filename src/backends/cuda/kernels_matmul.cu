@@ -1,0 +1,311 @@
+// Matrix-vector products for decode (a few activation rows against a weight read once from memory,
+// dequantized in registers) and the conversions that feed cuBLAS for larger products.
+//
+// Hand-written because no library does this part: cuBLAS has no block-quantized types, and a
+// GEMV is memory-bound, so its speed is how close the weight stream gets to the memory bandwidth.
+// Layout: a warp per weight row; its lanes walk the row in units (8 elements of F32/BF16, a
+// 32-element block of Q8_0/Q4_0, a 64-element half of a Q4_K sub-block pair), each unit one or two
+// 16-byte loads; the block types take int8 activations (QuantX) and __dp4a dot products.
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace mb::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;  // rows per block
+
+__device__ __forceinline__ int4 ld_stream(const void* p) { return __ldcs(static_cast<const int4*>(p)); }
+__device__ __forceinline__ int4 ld_x(const void* p) { return __ldg(static_cast<const int4*>(p)); }
+
+// Dot of unit u of weight row `row` with activation row xr, for each of NX activation rows
+// (x row j at x + j * k, or xq row j). Adds into acc.
+template <WType T, int NX> struct Unit;
+
+template <int NX> struct Unit<WType::F32, NX> {
+  static constexpr int kElems = 8;
+  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float* x, const QuantX&, float* acc,
+                             const int64_t* xrow) {
+    const float* wp = static_cast<const float*>(w.qs) + row * w.cols + u * 8;
+    const float4 a = __ldcs(reinterpret_cast<const float4*>(wp)), b = __ldcs(reinterpret_cast<const float4*>(wp + 4));
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (xrow[j] < 0) continue;
+      const float* xp = x + xrow[j] * w.cols + u * 8;
+      const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
+      acc[j] += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w + b.x * d.x + b.y * d.y + b.z * d.z + b.w * d.w;
+    }
+  }
+};
+
+template <int NX> struct Unit<WType::BF16, NX> {
+  static constexpr int kElems = 8;
+  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float* x, const QuantX&, float* acc,
+                             const int64_t* xrow) {
+    const int4 raw = ld_stream(static_cast<const uint16_t*>(w.qs) + row * w.cols + u * 8);
+    const uint32_t r[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wf[2 * i] = __uint_as_float(r[i] << 16);
+      wf[2 * i + 1] = __uint_as_float(r[i] & 0xffff0000u);
+    }
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (xrow[j] < 0) continue;
+      const float* xp = x + xrow[j] * w.cols + u * 8;
+      const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
+      acc[j] += wf[0] * c.x + wf[1] * c.y + wf[2] * c.z + wf[3] * c.w + wf[4] * d.x + wf[5] * d.y + wf[6] * d.z +
+                wf[7] * d.w;
+    }
+  }
+};
+
+template <int NX> struct Unit<WType::Q8_0, NX> {
+  static constexpr int kElems = 32;
+  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
+    const int64_t nb = w.cols / 32;
+    const int8_t* qp = static_cast<const int8_t*>(w.qs) + (row * nb + u) * 32;
+    const int4 a = ld_stream(qp), b = ld_stream(qp + 16);
+    const float dw = half_f32(w.scale[row * nb + u]);
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (xrow[j] < 0) continue;
+      const int8_t* xp = xq.q + xrow[j] * xq.k + u * 32;
+      const int4 c = ld_x(xp), d = ld_x(xp + 16);
+      int s = __dp4a(a.x, c.x, 0);
+      s = __dp4a(a.y, c.y, s);
+      s = __dp4a(a.z, c.z, s);
+      s = __dp4a(a.w, c.w, s);
+      s = __dp4a(b.x, d.x, s);
+      s = __dp4a(b.y, d.y, s);
+      s = __dp4a(b.z, d.z, s);
+      s = __dp4a(b.w, d.w, s);
+      acc[j] += dw * xq.d[xrow[j] * (xq.k / 32) + u] * float(s);
+    }
+  }
+};
+
+template <int NX> struct Unit<WType::Q4_0, NX> {
+  static constexpr int kElems = 32;
+  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
+    const int64_t nb = w.cols / 32;
+    const int4 a = ld_stream(static_cast<const uint8_t*>(w.qs) + (row * nb + u) * 16);
+    const float dw = half_f32(w.scale[row * nb + u]);
+    const int lo[4] = {a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F};
+    const int hi[4] = {(a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F,
+                       (a.w >> 4) & 0x0F0F0F0F};
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (xrow[j] < 0) continue;
+      const int8_t* xp = xq.q + xrow[j] * xq.k + u * 32;
+      const int4 c = ld_x(xp), d = ld_x(xp + 16);
+      int s = __dp4a(lo[0], c.x, 0);
+      s = __dp4a(lo[1], c.y, s);
+      s = __dp4a(lo[2], c.z, s);
+      s = __dp4a(lo[3], c.w, s);
+      s = __dp4a(hi[0], d.x, s);
+      s = __dp4a(hi[1], d.y, s);
+      s = __dp4a(hi[2], d.z, s);
+      s = __dp4a(hi[3], d.w, s);
+      const int64_t xb = xrow[j] * (xq.k / 32) + u;
+      acc[j] += dw * (xq.d[xb] * float(s) - 8.f * xq.s[xb]);
+    }
+  }
+};
+
+template <int NX> struct Unit<WType::Q4_K, NX> {
+  static constexpr int kElems = 64;
+  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
+    const int64_t nsb = w.cols / 256, sb = u / 4;
+    const int pair = int(u % 4);
+    const uint8_t* blk = static_cast<const uint8_t*>(w.qs) + (row * nsb + sb) * 144;
+    const int4 head = __ldg(reinterpret_cast<const int4*>(blk));  // d, dmin, 12 scale bytes
+    const int4 qa = ld_stream(blk + 16 + pair * 32), qb = ld_stream(blk + 16 + pair * 32 + 16);
+    const uint32_t h0 = uint32_t(head.x);
+    const float d = half_f32(uint16_t(h0 & 0xffff)), dmin = half_f32(uint16_t(h0 >> 16));
+    uint8_t sc[12];
+    const uint32_t hw[3] = {uint32_t(head.y), uint32_t(head.z), uint32_t(head.w)};
+#pragma unroll
+    for (int i = 0; i < 12; ++i) sc[i] = uint8_t(hw[i / 4] >> (8 * (i % 4)));
+    float scale[2], mins[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int sub = 2 * pair + h;
+      int s, m;
+      if (sub < 4) {
+        s = sc[sub] & 63;
+        m = sc[sub + 4] & 63;
+      } else {
+        s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+      }
+      scale[h] = d * float(s);
+      mins[h] = dmin * float(m);
+    }
+    const int q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (xrow[j] < 0) continue;
+      const int64_t xb = xrow[j] * (xq.k / 32) + sb * 8 + 2 * pair;  // first of the two x blocks
+      const int8_t* xp = xq.q + xb * 32;
+      const int4 c0 = ld_x(xp), c1 = ld_x(xp + 16), c2 = ld_x(xp + 32), c3 = ld_x(xp + 48);
+      const int xa[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      const int xbv[8] = {c2.x, c2.y, c2.z, c2.w, c3.x, c3.y, c3.z, c3.w};
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        s0 = __dp4a(q[i] & 0x0F0F0F0F, xa[i], s0);
+        s1 = __dp4a((q[i] >> 4) & 0x0F0F0F0F, xbv[i], s1);
+      }
+      acc[j] += scale[0] * xq.d[xb] * float(s0) - mins[0] * xq.s[xb] + scale[1] * xq.d[xb + 1] * float(s1) -
+                mins[1] * xq.s[xb + 1];
+    }
+  }
+};
+
+// y[j, row] for the NX activation rows x0 .. x0 + NX - 1 (those < n).
+template <WType T, int NX>
+__global__ void __launch_bounds__(kWarps * 32) k_gemv(GpuWeight w, const float* x, QuantX xq, int64_t n, float* y) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= w.rows) return;
+  int64_t xrow[NX];
+#pragma unroll
+  for (int j = 0; j < NX; ++j) xrow[j] = j < n ? j : -1;
+  float acc[NX];
+#pragma unroll
+  for (int j = 0; j < NX; ++j) acc[j] = 0.f;
+  const int64_t units = w.cols / Unit<T, NX>::kElems;
+#pragma unroll 4
+  for (int64_t u = lane; u < units; u += 32) Unit<T, NX>::dot(w, row, u, x, xq, acc, xrow);
+#pragma unroll
+  for (int j = 0; j < NX; ++j) {
+    const float v = warp_sum(acc[j]);
+    if (lane == 0 && j < n) y[j * w.rows + row] = v;
+  }
+}
+
+// Odd shapes (F32/BF16 rows that are not a multiple of 8 elements): one element at a time.
+__global__ void k_gemv_scalar(GpuWeight w, const float* x, int64_t n, float* y) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= w.rows) return;
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.f;
+    for (int64_t c = lane; c < w.cols; c += 32) acc += weight_at(w, row, c) * x[j * w.cols + c];
+    acc = warp_sum(acc);
+    if (lane == 0) y[j * w.rows + row] = acc;
+  }
+}
+
+// Pair p: y[p, r] = W[ids[p] * rpe + r] · x[p / k or p].
+template <WType T>
+__global__ void __launch_bounds__(kWarps * 32) k_moe_gemv(GpuWeight w, int64_t rpe, const float* x, QuantX xq,
+                                                          const int32_t* ids, int k, int x_per_pair, float* y) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t p = blockIdx.y;
+  const int lane = threadIdx.x % 32;
+  if (r >= rpe) return;
+  const int64_t row = int64_t(ids[p]) * rpe + r;
+  int64_t xrow[1] = {x_per_pair ? p : p / k};
+  float acc[1] = {0.f};
+  const int64_t units = w.cols / Unit<T, 1>::kElems;
+#pragma unroll 4
+  for (int64_t u = lane; u < units; u += 32) Unit<T, 1>::dot(w, row, u, x, xq, acc, xrow);
+  const float v = warp_sum(acc[0]);
+  if (lane == 0) y[p * rpe + r] = v;
+}
+
+__global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t* out) {
+  const int64_t total = rows * w.cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / w.cols, c = i % w.cols;
+    if (w.type == WType::BF16) out[i] = static_cast<const uint16_t*>(w.qs)[(row0 + r) * w.cols + c];
+    else out[i] = f32_bf16(weight_at(w, row0 + r, c));
+  }
+}
+
+template <WType T> void launch_gemv(const GpuWeight& w, const float* x, const QuantX& xq, int64_t n, float* y,
+                                    cudaStream_t st) {
+  const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
+  for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
+    const int64_t nn = n - j0 < kGemvMaxRows ? n - j0 : kGemvMaxRows;
+    const float* xj = x ? x + j0 * w.cols : nullptr;
+    QuantX q = xq;
+    if (q.q) {
+      q.q += j0 * q.k;
+      q.d += j0 * (q.k / 32);
+      q.s += j0 * (q.k / 32);
+    }
+    float* yj = y + j0 * w.rows;
+    switch (nn) {
+      case 1: k_gemv<T, 1><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
+      case 2: k_gemv<T, 2><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
+      case 3: case 4: k_gemv<T, 4><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
+      default: k_gemv<T, 8><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
+    }
+  }
+}
+
+}  // namespace
+
+void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st) {
+  if (n == 0 || w.rows == 0) return;
+  const QuantX none{};
+  switch (w.type) {
+    case WType::F32:
+    case WType::BF16:
+      if (w.cols % 8 != 0) {
+        k_gemv_scalar<<<unsigned((w.rows + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(w, x, n, y);
+      } else if (w.type == WType::F32) {
+        launch_gemv<WType::F32>(w, x, none, n, y, st);
+      } else {
+        launch_gemv<WType::BF16>(w, x, none, n, y, st);
+      }
+      break;
+    case WType::Q8_0: launch_gemv<WType::Q8_0>(w, nullptr, *xq, n, y, st); break;
+    case WType::Q4_0: launch_gemv<WType::Q4_0>(w, nullptr, *xq, n, y, st); break;
+    case WType::Q4_K: launch_gemv<WType::Q4_K>(w, nullptr, *xq, n, y, st); break;
+  }
+  check_launch("gemv");
+}
+
+void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,
+              int64_t pairs, int k, bool x_per_pair, float* h, cudaStream_t st) {
+  if (pairs == 0) return;
+  const dim3 grid(unsigned((rows_per_expert + kWarps - 1) / kWarps), unsigned(pairs));
+  const QuantX none{};
+  switch (w.type) {
+    case WType::F32:
+      k_moe_gemv<WType::F32><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      break;
+    case WType::BF16:
+      k_moe_gemv<WType::BF16><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      break;
+    case WType::Q8_0:
+      k_moe_gemv<WType::Q8_0><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      break;
+    case WType::Q4_0:
+      k_moe_gemv<WType::Q4_0><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      break;
+    case WType::Q4_K:
+      k_moe_gemv<WType::Q4_K><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      break;
+  }
+  check_launch("moe gemv");
+}
+
+void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st) {
+  const int64_t total = rows * w.cols;
+  if (total == 0) return;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 65535 * 16) blocks = 65535 * 16;
+  k_dequant_bf16<<<unsigned(blocks), 256, 0, st>>>(w, row0, rows, out);
+  check_launch("dequantize to bf16");
+}
+
+}  // namespace mb::cuda
