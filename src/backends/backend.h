@@ -141,6 +141,13 @@ class Backend {
     add(x, branch, x);
     if (scale != 1.f) this->scale(x, scale);
   }
+  // add_rms_norm, then y = rms_norm(x) · w_next (the next block's input norm) from the new x, in
+  // one pass. y must not alias x or branch.
+  virtual void add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale,
+                                 const Tensor* w_next, Tensor& y) {
+    add_rms_norm(x, branch, w, eps, add_one, scale);
+    rms_norm(x, w_next, eps, add_one, y);
+  }
   // Writes k, v [n, n_kv, hd] at the slots of positions pos[n].
   virtual void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) = 0;
   // One sequence of a batch: rows [begin, begin + count) of q/k/v and out, at positions
@@ -161,7 +168,8 @@ class Backend {
   virtual void attention(const Tensor& q, const KVStore& kv, const int32_t* pos,
                          const AttentionParams& p, Tensor& out) = 0;
   // attention() for each sequence of a batch (a decode step of several users), which a backend
-  // may run as one pass: the same numbers as one call per sequence.
+  // may run as one pass: the same numbers as one call per sequence. A backend may size its work by
+  // the highest position rounded up to a multiple of 256 (recorded steps are keyed by it).
   virtual void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
                                Tensor& out) {
     for (const AttentionSeq& s : seqs) {

@@ -88,6 +88,10 @@ void ProfilingBackend::add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, 
 void ProfilingBackend::kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) {
   timed("kv_write", [&] { in_.kv_write(kv, k, v, pos); });
 }
+void ProfilingBackend::add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one,
+                                         float scale, const Tensor* w_next, Tensor& y) {
+  timed("add_rms_norm_norm", [&] { in_.add_rms_norm_norm(x, branch, w, eps, add_one, scale, w_next, y); });
+}
 void ProfilingBackend::kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) {
   timed("kv_write", [&] { in_.kv_write_batch(k, v, seqs); });
 }

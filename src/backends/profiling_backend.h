@@ -55,6 +55,8 @@ class ProfilingBackend final : public Backend {
   void rms_norm_rope(Tensor& x, const Tensor* w, float eps, bool add_one, const int32_t* pos,
                      const float* inv_freq) override;
   void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale) override;
+  void add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale,
+                         const Tensor* w_next, Tensor& y) override;
   void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override;
   void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,
                  Tensor& out) override;

@@ -342,6 +342,17 @@ void run_bench(const BenchArgs& a) {
     KVCache kv(c, *be, {1, 2, 1});
     std::vector<float> logits;
     model->forward(decode_batch(1, 0, 0), kv, logits);
+    // And one prompt's worth of prefill: a GPU backend loads its matrix-product kernels then.
+    if (a.pp > 0 && a.device != "cpu") {
+      const int64_t cnt = std::min<int64_t>(a.pp, kMaxStepTokens);
+      KVCache kv2(c, *be, {1, cnt, kMaxStepTokens});
+      Batch warm;
+      warm.tokens = random_tokens(cnt, c.vocab_size, 7);
+      for (int64_t i = 0; i < cnt; ++i) warm.positions.push_back(int32_t(i));
+      warm.seqs.push_back({0, 0, cnt});
+      warm.logit_rows.push_back(int32_t(cnt - 1));
+      model->forward(warm, kv2, logits);
+    }
   }
   if (!a.json)
     std::printf("| model | dtype | isa | threads | batch | pp t/s | tg t/s | weight GB/token | weights GB | KV GB | peak RSS GB |\n"

@@ -25,6 +25,10 @@ StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg,
   bool decode = backend.can_record_steps();
   uint64_t key = 0x5354455000000000ull;  // "STEP"
   mix(key, batch.tokens.size());
+  // The context to within 256 positions: backends may size their work by it (key splits).
+  int32_t max_pos = 0;
+  for (int32_t p : batch.positions) max_pos = std::max(max_pos, p);
+  mix(key, uint64_t(max_pos) >> 8);
   for (int32_t r : batch.logit_rows) mix(key, uint64_t(r));
   for (const BatchSequence& s : batch.seqs) {
     decode = decode && s.count == 1;

@@ -56,7 +56,8 @@ class Model {
 // layers first use them, each with room for a max_context sequence so the layout does not move as
 // it grows), and the key a decode step may be recorded under (0: not recorded - a step that
 // prefills, or a backend that cannot record). The key covers everything the ops take but the
-// staged data: the batch's shape and each sequence's KV stores.
+// staged data: the batch's shape, each sequence's KV stores, and the longest context to within 256
+// positions (a backend may size work by it; Backend::attention_batch's doc says how).
 struct StepInputs {
   std::vector<HostArray> arrays;
   uint64_t record_key = 0;

@@ -5,10 +5,12 @@
 // next op at once (the scratch pool) and a recording replays against the same buffers it saw.
 #include "backends/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -148,6 +150,7 @@ class CudaBackend final : public Backend {
     // A fixed workspace, so that cuBLAS allocates nothing while a step is recorded.
     check(cudaMalloc(&blas_ws_, kBlasWorkspace), "allocating cuBLAS's workspace");
     check_blas(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), "setting the workspace");
+    check_blas(cublasLtCreate(&lt_), "creating a cuBLASLt handle");
     graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
     bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
   }
@@ -158,6 +161,13 @@ class CudaBackend final : public Backend {
     const_cache_.clear();
     staged_dev_ = Tensor();
     if (staged_host_) cudaFreeHost(staged_host_);
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatmulDescDestroy(plan.op);
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+    }
+    cublasLtDestroy(lt_);
     cublasDestroy(blas_);
     cudaFree(blas_ws_);
     cudaEventDestroy(staged_);
@@ -348,26 +358,51 @@ class CudaBackend final : public Backend {
 
   // ------------------------------------------------------------------ ops
 
-  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override {
-    const GpuWeight gw = weight_of(w);
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override { matmuls(x, {&w}, {&y}); }
+
+  // Q/K/V (or any weights over the same input): one GEMV launch for a few rows, else one bf16
+  // conversion of x for all the cuBLAS products.
+  void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override {
+    MB_CHECK(ws.size() == ys.size() && !ws.empty(), "matmuls: {} weights, {} outputs", ws.size(), ys.size());
     const int64_t n = x.rows(), k = x.cols();
-    MB_CHECK(gw.cols == k && y.numel() == n * gw.rows, "matmul: x {} · w {}ᵀ -> y {} do not fit",
-             x.shape_str(), w.shape_str(), y.shape_str());
     on_device(x, "matmul x");
-    on_device(y, "matmul y");
+    std::vector<GpuWeight> gw;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      gw.push_back(weight_of(*ws[i]));
+      MB_CHECK(gw[i].cols == k && ys[i]->numel() == n * gw[i].rows, "matmul: x {} · w {}ᵀ -> y {} do not fit",
+               x.shape_str(), ws[i]->shape_str(), ys[i]->shape_str());
+      on_device(*ys[i], "matmul y");
+    }
     if (n == 0) return;
-    const int64_t gemv_rows = is_quantized(gw.type) ? 2 * kGemvMaxRows : kGemvMaxRows;
-    if (n <= gemv_rows) {
-      if (is_quantized(gw.type)) {
-        Tensor q, d, s;
-        const QuantX xq = quantized(x, q, d, s);
-        gemv(gw, nullptr, &xq, n, y.f32(), st_);
-      } else {
-        gemv(gw, x.f32(), nullptr, n, y.f32(), st_);
+    if (use_gemv(gw, n)) {
+      std::vector<float*> y;
+      for (Tensor* t : ys) y.push_back(t->f32());
+      for (size_t i0 = 0; i0 < gw.size(); i0 += 3) {
+        const int nw = int(std::min<size_t>(3, gw.size() - i0));
+        gemv_batch(gw.data() + i0, y.data() + i0, nw, false, x);
       }
       return;
     }
-    gemm(x, gw, y);
+    Tensor xb;
+    for (size_t i = 0; i < gw.size(); ++i) gemm(x, xb, gw[i], *ys[i]);
+  }
+
+  void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) override {
+    std::vector<GpuWeight> gw = {weight_of(w_gate), weight_of(w_up)};
+    const int64_t n = x.rows();
+    MB_CHECK(gw[0].cols == x.cols() && gw[1].cols == x.cols() && gw[0].rows == gw[1].rows &&
+                 out.numel() == n * gw[0].rows,
+             "matmul_gelu_mul: x {} · gate {}ᵀ, up {}ᵀ -> out {} do not fit", x.shape_str(), w_gate.shape_str(),
+             w_up.shape_str(), out.shape_str());
+    if (n > 0 && use_gemv(gw, n)) {
+      float* y = out.f32();
+      gemv_batch(gw.data(), &y, 2, true, x);
+      return;
+    }
+    Tensor up = scratch(DType::F32, out.shape), xb;
+    gemm(x, xb, gw[0], out);
+    gemm(x, xb, gw[1], up);
+    cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_);
   }
 
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale_v, Tensor& out) override {
@@ -401,6 +436,14 @@ class CudaBackend final : public Backend {
              branch.shape_str());
     cuda::add_rms_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm"), eps, add_one, s, x.rows(),
                        x.cols(), st_);
+  }
+
+  void add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float s,
+                         const Tensor* w_next, Tensor& y) override {
+    MB_CHECK(x.numel() == branch.numel() && y.numel() == x.numel(), "add_rms_norm_norm: x {}, branch {}, y {} differ",
+             x.shape_str(), branch.shape_str(), y.shape_str());
+    cuda::add_rms_norm_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm_norm"), eps, add_one, s,
+                            norm_weight(w_next, x.cols(), "add_rms_norm_norm"), y.f32(), x.rows(), x.cols(), st_);
   }
 
   void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override {
@@ -440,6 +483,11 @@ class CudaBackend final : public Backend {
     a.scale = p.scale;
     a.softcap = p.softcap;
     a.window = p.window;
+    int32_t max_pos = 0;
+    for (const AttentionSeq& sq : seqs)
+      for (int64_t i = 0; i < sq.count; ++i) max_pos = std::max(max_pos, sq.pos[i]);
+    a.max_keys = (int64_t(max_pos >> 8) + 1) << 8;
+    if (a.window > 0) a.max_keys = std::min<int64_t>(a.max_keys, a.window);
     MB_CHECK(kv0.k.dim(2) == a.hd && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.hd % 8 == 0 && a.hd <= 512,
              "attention: q {} over KV {} (head dims up to 512, a multiple of 8)", q.shape_str(), kv0.k.shape_str());
     const int64_t pf = attention_partial_floats(a);
@@ -622,8 +670,26 @@ class CudaBackend final : public Backend {
     return xq;
   }
 
-  // y[n, m] = x · wᵀ on cuBLAS: f32 weights as f32, the others as bf16 with f32 accumulation.
-  void gemm(const Tensor& x, const GpuWeight& w, Tensor& y) {
+  // Few activation rows against weights of one type and width: the GEMV kernels.
+  static bool use_gemv(const std::vector<GpuWeight>& gw, int64_t n) {
+    const bool q = is_quantized(gw[0].type);
+    if (n > (q ? 2 * kGemvMaxRows : kGemvMaxRows)) return false;
+    for (const GpuWeight& w : gw)
+      if (w.type != gw[0].type || w.cols != gw[0].cols || (!q && w.cols % 8 != 0)) return false;
+    return true;
+  }
+
+  void gemv_batch(const GpuWeight* ws, float* const* ys, int nw, bool glu, const Tensor& x) {
+    const int64_t n = x.rows();
+    Tensor q, d, s;
+    QuantX xq{};
+    if (is_quantized(ws[0].type)) xq = quantized(x, q, d, s);
+    gemv_multi(ws, ys, nw, glu, x.f32(), &xq, n, st_);
+  }
+
+  // y[n, m] = x · wᵀ on cuBLAS: f32 weights as f32, the others as bf16 with f32 accumulation. xb
+  // holds x in bf16 once made (products sharing an input convert it once).
+  void gemm(const Tensor& x, Tensor& xb, const GpuWeight& w, Tensor& y) {
     const int64_t n = x.rows(), k = x.cols(), m = w.rows;
     const float one = 1.f, zero = 0.f;
     if (w.type == WType::F32) {
@@ -632,14 +698,15 @@ class CudaBackend final : public Backend {
                  "f32 matrix product");
       return;
     }
-    Tensor xb = scratch(DType::BF16, {n, k});
-    cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    if (xb.empty()) {
+      xb = scratch(DType::BF16, {n, k});
+      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    }
     auto run = [&](const uint16_t* wb, int64_t row0, int64_t rows) {
-      float* out = y.f32();
-      // Rows [row0, row0 + rows) of the output's columns: ldc stays m, the pointer moves.
-      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one, wb, CUDA_R_16BF,
-                              int(k), xb.data, CUDA_R_16BF, int(k), &zero, out + row0, CUDA_R_32F, int(m),
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      // Rows [row0, row0 + rows) of w give the output's columns there: ldc stays m.
+      const Plan& p = plan(rows, n, k, m);
+      check_blas(cublasLtMatmul(lt_, p.op, &one, wb, p.a, xb.data, p.b, &zero, y.f32() + row0, p.c, y.f32() + row0, p.c,
+                                &p.algo, blas_ws_, kBlasWorkspace, st_),
                  "bf16 matrix product");
     };
     if (w.type == WType::BF16) return run(static_cast<const uint16_t*>(w.qs), 0, m);
@@ -652,6 +719,39 @@ class CudaBackend final : public Backend {
       dequant_bf16(w, r0, rows, wb.ptr<uint16_t>(), st_);
       run(wb.ptr<uint16_t>(), r0, rows);
     }
+  }
+
+  // A bf16 product's cuBLASLt descriptors and algorithm, chosen once per shape: asking the
+  // heuristic on every call (what cublasGemmEx does) cost more host time than a prefill's kernels.
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc) {
+    const std::array<int64_t, 4> key = {m, n, k, ldc};
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    Plan p;
+    check_blas(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "a matmul descriptor");
+    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
+    cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn));
+    check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(m), k), "a matrix layout");
+    check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), "a matrix layout");
+    check_blas(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(m), uint64_t(n), ldc), "a matrix layout");
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulPreferenceCreate(&pref);
+    const size_t ws = kBlasWorkspace;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    MB_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no algorithm for a bf16 product {}x{}x{}", m,
+             n, k);
+    p.algo = res.algo;
+    return plans_.emplace(key, p).first->second;
   }
 
   bool want_bf16_copy(size_t bytes) {
@@ -702,6 +802,8 @@ class CudaBackend final : public Backend {
   cudaStream_t st_ = nullptr;
   cudaEvent_t staged_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::map<std::array<int64_t, 4>, Plan> plans_;
   void* blas_ws_ = nullptr;
   bool graphs_on_ = true;
   int bf16_copies_ = -1;

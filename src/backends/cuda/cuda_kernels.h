@@ -37,6 +37,11 @@ void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float
 // y[n, m] = x[n, k] · wᵀ for n <= kGemvMaxRows. x is read as f32 (F32/BF16 weights) or as xq.
 inline constexpr int kGemvMaxRows = 8;
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st);
+// Several weights of one type and width over the same rows of x in one launch: ys[i][n, rows_i] =
+// x · ws[i]ᵀ (nw <= 3, rows a multiple of 8 elements for F32/BF16); glu: ys[0] = gelu_tanh(x ·
+// ws[0]ᵀ) * (x · ws[1]ᵀ). Block types read xq (quantize_x of x).
+void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const float* x, const QuantX* xq, int64_t n,
+                cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
@@ -62,6 +67,8 @@ void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* 
                    const int32_t* pos, const float* inv_freq, cudaStream_t st);
 void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
                   int64_t cols, cudaStream_t st);
+void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
+                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
@@ -94,6 +101,7 @@ struct AttnArgs {
   int64_t n_heads = 0, n_kv = 0, hd = 0;
   float scale = 1.f, softcap = 0.f;
   int window = 0;
+  int64_t max_keys = 0;  // keys any row reads at most (positions rounded up to a multiple of 256)
 };
 // out[n, nh, hd] = attention of q[n, nh, hd]; `partial` scratch for the key splits:
 // attention_partial_floats(args) floats.

@@ -6,6 +6,7 @@
 // split, each keeping an online softmax, merged in shared memory. With S > 1 (few query rows, as
 // in decode) the splits' partial results are merged by a second kernel. Every launch parameter is
 // fixed by the batch's shape, never by positions, so a recorded decode step stays valid.
+#include <algorithm>
 #include <cfloat>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -232,8 +233,12 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
 }  // namespace
 
 int64_t attention_splits(const AttnArgs& a) {
+  // Up to 256 keys a row: one block per row and head group, no merge. Longer: enough splits to
+  // fill the GPU twice over, of at least 128 keys each, and no more than 512 keys a split.
+  if (a.max_keys <= 256) return 1;
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
-  int64_t s = (2 * 132 + base - 1) / (base > 0 ? base : 1);
+  const int64_t fill = (2 * 132 + base - 1) / (base > 0 ? base : 1);
+  int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 127) / 128));
   return s < 1 ? 1 : s > 32 ? 32 : s;
 }
 

@@ -94,6 +94,35 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
   }
 }
 
+// add_rms_norm, then y = rms_norm(new x) * (w2 or 1 + w2): each thread re-reads what it wrote.
+__global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
+                                    const float* w2, float* y, int64_t cols) {
+  __shared__ float red[32];
+  float* xr = x + blockIdx.x * cols;
+  const float* b = br + blockIdx.x * cols;
+  float* yr = y + blockIdx.x * cols;
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += b[c] * b[c];
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(cols) + eps);
+  float ss2 = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = b[c] * inv;
+    if (w) v *= add_one ? 1.f + w[c] : w[c];
+    float r = xr[c] + v;
+    if (scale != 1.f) r *= scale;
+    xr[c] = r;
+    ss2 += r * r;
+  }
+  ss2 = block_sum(ss2, red);
+  const float inv2 = rsqrtf(ss2 / float(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = xr[c] * inv2;
+    if (w2) v *= add_one ? 1.f + w2[c] : w2[c];
+    yr[c] = v;
+  }
+}
+
 __global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = gelu_tanh_f(g[i]) * u[i];
@@ -294,6 +323,14 @@ void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_o
   if (rows == 0) return;
   k_add_rms_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, branch, w, eps, add_one, scale, cols);
   check_launch("add_rms_norm");
+}
+
+void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
+                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows == 0) return;
+  k_add_rms_norm_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, branch, w, eps, add_one, scale, w_next, y,
+                                                                     cols);
+  check_launch("add_rms_norm_norm");
 }
 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st) {

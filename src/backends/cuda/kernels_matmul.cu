@@ -16,7 +16,8 @@ namespace {
 constexpr int kWarps = 8;  // rows per block
 
 __device__ __forceinline__ int4 ld_stream(const void* p) { return __ldcs(static_cast<const int4*>(p)); }
-__device__ __forceinline__ int4 ld_x(const void* p) { return __ldg(static_cast<const int4*>(p)); }
+// Activations may sit in shared memory (quantized by the block) or global memory: a generic load.
+__device__ __forceinline__ int4 ld_x(const void* p) { return *static_cast<const int4*>(p); }
 
 // Dot of unit u of weight row `row` with activation row xr, for each of NX activation rows
 // (x row j at x + j * k, or xq row j). Adds into acc.
@@ -167,25 +168,102 @@ template <int NX> struct Unit<WType::Q4_K, NX> {
   }
 };
 
-// y[j, row] for the NX activation rows x0 .. x0 + NX - 1 (those < n).
+// Up to 3 weights applied to the same activation rows in one launch (Q/K/V), or a gate and an up
+// weight whose results meet in gelu_tanh(gate) * up (glu). A warp takes kRows consecutive rows of
+// the weights' rows laid end to end (glu: kRows rows of each). Block types read int8 activations:
+// quantized by the block itself into shared memory when they fit there, else by quantize_x first.
+constexpr int kRows = 1;
+struct MultiArgs {
+  GpuWeight w[3];
+  float* y[3];
+  int nw = 1;
+  int64_t total_rows = 0;
+  const float* x = nullptr;
+  QuantX xq;           // the activations quantized (block types)
+  int64_t n = 0, k = 0;
+  int glu = 0;
+};
+
+template <WType T>
+__device__ __forceinline__ bool quantized_type() {
+  return T == WType::Q8_0 || T == WType::Q4_0 || T == WType::Q4_K;
+}
+
+// Kernel parameters indexed at run time would be copied to local memory: select with constants.
+__device__ __forceinline__ const GpuWeight& pick_w(const MultiArgs& a, int i) {
+  return i == 0 ? a.w[0] : i == 1 ? a.w[1] : a.w[2];
+}
+__device__ __forceinline__ float* pick_y(const MultiArgs& a, int i) { return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2]; }
+__device__ __forceinline__ int64_t pick_rows(const MultiArgs& a, int i) {
+  return i == 0 ? a.w[0].rows : i == 1 ? a.w[1].rows : a.w[2].rows;
+}
+
 template <WType T, int NX>
-__global__ void __launch_bounds__(kWarps * 32) k_gemv(GpuWeight w, const float* x, QuantX xq, int64_t n, float* y) {
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= w.rows) return;
+__global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const QuantX& xq = a.xq;
+  const int64_t v0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
+  if (v0 >= a.total_rows) return;
   int64_t xrow[NX];
 #pragma unroll
-  for (int j = 0; j < NX; ++j) xrow[j] = j < n ? j : -1;
-  float acc[NX];
+  for (int j = 0; j < NX; ++j) xrow[j] = j < a.n ? j : -1;
+  // The weight and row of each of the warp's rows (glu: rows r of gate and up).
+  constexpr int kDots = 2 * kRows;
+  GpuWeight wr[kDots];
+  int64_t rr[kDots];
+  int nd = 0;
 #pragma unroll
-  for (int j = 0; j < NX; ++j) acc[j] = 0.f;
-  const int64_t units = w.cols / Unit<T, NX>::kElems;
-#pragma unroll 4
-  for (int64_t u = lane; u < units; u += 32) Unit<T, NX>::dot(w, row, u, x, xq, acc, xrow);
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t v = v0 + r < a.total_rows ? v0 + r : a.total_rows - 1;  // a repeat, not written
+    if (a.glu) {
+      wr[2 * r] = a.w[0];
+      rr[2 * r] = v;
+      wr[2 * r + 1] = a.w[1];
+      rr[2 * r + 1] = v;
+    } else {
+      int wi = 0;
+      int64_t row = v;
+      while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
+      wr[r] = pick_w(a, wi);
+      rr[r] = row;
+    }
+  }
+  nd = a.glu ? kDots : kRows;
+  float acc[kDots][NX];
 #pragma unroll
-  for (int j = 0; j < NX; ++j) {
-    const float v = warp_sum(acc[j]);
-    if (lane == 0 && j < n) y[j * w.rows + row] = v;
+  for (int i = 0; i < kDots; ++i)
+#pragma unroll
+    for (int j = 0; j < NX; ++j) acc[i][j] = 0.f;
+  const int64_t units = a.k / Unit<T, NX>::kElems;
+#pragma unroll 2
+  for (int64_t u = lane; u < units; u += 32) {
+#pragma unroll
+    for (int i = 0; i < kDots; ++i)
+      if (i < nd) Unit<T, NX>::dot(wr[i], rr[i], u, a.x, xq, acc[i], xrow);
+  }
+#pragma unroll
+  for (int i = 0; i < kDots; ++i)
+#pragma unroll
+    for (int j = 0; j < NX; ++j) acc[i][j] = warp_sum(acc[i][j]);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t v = v0 + r;
+    if (v >= a.total_rows) break;
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (j >= a.n) break;
+      if (a.glu) {
+        const float g = acc[2 * r][j], u = acc[2 * r + 1][j];
+        const float kk = 0.7978845608028654f;  // gelu(approximate="tanh"), as torch
+        a.y[0][j * a.total_rows + v] = 0.5f * g * (1.f + tanhf(kk * (g + 0.044715f * g * g * g))) * u;
+      } else {
+        int wi = 0;
+        int64_t row = v;
+        while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
+        pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[r][j];
+      }
+    }
   }
 }
 
@@ -229,49 +307,67 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
-template <WType T> void launch_gemv(const GpuWeight& w, const float* x, const QuantX& xq, int64_t n, float* y,
-                                    cudaStream_t st) {
-  const unsigned grid = unsigned((w.rows + kWarps - 1) / kWarps);
-  for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
-    const int64_t nn = n - j0 < kGemvMaxRows ? n - j0 : kGemvMaxRows;
-    const float* xj = x ? x + j0 * w.cols : nullptr;
-    QuantX q = xq;
-    if (q.q) {
-      q.q += j0 * q.k;
-      q.d += j0 * (q.k / 32);
-      q.s += j0 * (q.k / 32);
-    }
-    float* yj = y + j0 * w.rows;
-    switch (nn) {
-      case 1: k_gemv<T, 1><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
-      case 2: k_gemv<T, 2><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
-      case 3: case 4: k_gemv<T, 4><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
-      default: k_gemv<T, 8><<<grid, kWarps * 32, 0, st>>>(w, xj, q, nn, yj); break;
-    }
-  }
+template <WType T, int NX> void launch_multi(const MultiArgs& a, size_t smem, cudaStream_t st) {
+  const int64_t per_block = int64_t(kWarps) * kRows;
+  const unsigned grid = unsigned((a.total_rows + per_block - 1) / per_block);
+  k_gemv_multi<T, NX><<<grid, kWarps * 32, 0, st>>>(a);
+}
+
+template <WType T> void launch_multi_nx(const MultiArgs& a, size_t smem, cudaStream_t st) {
+  if (a.n == 1) launch_multi<T, 1>(a, smem, st);
+  else if (a.n == 2) launch_multi<T, 2>(a, smem, st);
+  else if (a.n <= 4) launch_multi<T, 4>(a, smem, st);
+  else launch_multi<T, 8>(a, smem, st);
 }
 
 }  // namespace
 
-void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st) {
-  if (n == 0 || w.rows == 0) return;
-  const QuantX none{};
-  switch (w.type) {
-    case WType::F32:
-    case WType::BF16:
-      if (w.cols % 8 != 0) {
-        k_gemv_scalar<<<unsigned((w.rows + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(w, x, n, y);
-      } else if (w.type == WType::F32) {
-        launch_gemv<WType::F32>(w, x, none, n, y, st);
-      } else {
-        launch_gemv<WType::BF16>(w, x, none, n, y, st);
-      }
-      break;
-    case WType::Q8_0: launch_gemv<WType::Q8_0>(w, nullptr, *xq, n, y, st); break;
-    case WType::Q4_0: launch_gemv<WType::Q4_0>(w, nullptr, *xq, n, y, st); break;
-    case WType::Q4_K: launch_gemv<WType::Q4_K>(w, nullptr, *xq, n, y, st); break;
+void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const float* x, const QuantX* xq, int64_t n,
+                cudaStream_t st) {
+  if (n == 0) return;
+  const WType t = ws[0].type;
+  const int64_t k = ws[0].cols;
+  for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
+    MultiArgs a;
+    a.nw = nw;
+    a.glu = glu ? 1 : 0;
+    a.k = k;
+    a.n = n - j0 < kGemvMaxRows ? n - j0 : kGemvMaxRows;
+    a.total_rows = 0;
+    for (int i = 0; i < nw; ++i) {
+      a.w[i] = ws[i];
+      a.y[i] = ys[glu ? 0 : i] + j0 * (glu ? ws[0].rows : ws[i].rows);
+      if (!glu) a.total_rows += ws[i].rows;
+    }
+    if (glu) a.total_rows = ws[0].rows;
+    a.x = x ? x + j0 * k : nullptr;
+    const size_t smem = 0;
+    if (xq && xq->q) {
+      a.xq = *xq;
+      a.xq.q += j0 * k;
+      a.xq.d += j0 * (k / 32);
+      a.xq.s += j0 * (k / 32);
+    }
+    switch (t) {
+      case WType::F32: launch_multi_nx<WType::F32>(a, smem, st); break;
+      case WType::BF16: launch_multi_nx<WType::BF16>(a, smem, st); break;
+      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, smem, st); break;
+      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, smem, st); break;
+      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, smem, st); break;
+    }
   }
   check_launch("gemv");
+}
+
+
+void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st) {
+  if (n == 0 || w.rows == 0) return;
+  if ((w.type == WType::F32 || w.type == WType::BF16) && w.cols % 8 != 0) {
+    k_gemv_scalar<<<unsigned((w.rows + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(w, x, n, y);
+    check_launch("gemv");
+    return;
+  }
+  gemv_multi(&w, &y, 1, false, x, xq, n, st);
 }
 
 void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,

@@ -77,8 +77,10 @@ class Gemma4Model final : public Model {
   bool has(const std::string& name) const { return ck_->tensors.contains(cfg_.tensor_prefix + name); }
 
   void load_weights();
-  void attention_block(int l, Tensor& x, const Batch& batch, KVMemory& kv);
-  void ffn_block(int l, Tensor& x, float scale);
+  // h: rms_norm(x) by the layer's input norm; each block leaves in `next` the normalised input
+  // of what follows it (the residual add and that norm run as one op), `next_norm` (null: none).
+  void attention_block(int l, Tensor& x, Tensor& h, const Batch& batch, KVMemory& kv, Tensor& next);
+  void ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tensor* next_norm, Tensor& next);
   Tensor per_layer_inputs(const Batch& batch, const Tensor& x0);
 
   std::shared_ptr<const Checkpoint> ck_;
@@ -192,7 +194,8 @@ Tensor Gemma4Model::per_layer_inputs(const Batch& batch, const Tensor& x0) {
   be_.rms_norm(ctx_rows, &ple_proj_norm, cfg_.rms_eps, cfg_.norm_adds_one, ctx_rows);
   be_.add(ctx, tok, ctx);
   be_.scale(ctx, float(1.0 / std::sqrt(2.0)));
-  // Regroup layer-major so each layer reads a contiguous [n, P] block.
+  // Regroup layer-major so each layer reads a contiguous [n, P] block (one row already is).
+  if (n == 1) return ctx.reshaped({NL, n, P});
   Tensor out = be_.scratch(DType::F32, {NL, n, P});
   for (int64_t l = 0; l < NL; ++l) {
     Tensor dst = out.slice_rows(l, 1).reshaped({n, P});
@@ -201,15 +204,12 @@ Tensor Gemma4Model::per_layer_inputs(const Batch& batch, const Tensor& x0) {
   return out;
 }
 
-void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVMemory& kv) {
+void Gemma4Model::attention_block(int l, Tensor& x, Tensor& h, const Batch& batch, KVMemory& kv, Tensor& next) {
   const LayerConfig& L = cfg_.layers[size_t(l)];
   Gemma4Layer& w = layers_[size_t(l)];
   const int64_t n = x.rows(), H = cfg_.hidden_size, nh = cfg_.n_heads, nkv = L.n_kv_heads, hd = L.head_dim;
   const float eps = cfg_.rms_eps;
   const bool add1 = cfg_.norm_adds_one;
-
-  Tensor h = be_.scratch(DType::F32, {n, H});
-  be_.rms_norm(x, &w.attn_norm, eps, add1, h);
 
   Tensor q = be_.scratch(DType::F32, {n, nh, hd});
   Tensor k, v;
@@ -247,18 +247,17 @@ void Gemma4Model::attention_block(int l, Tensor& x, const Batch& batch, KVMemory
   q = k = v = Tensor();
   Tensor a = be_.scratch(DType::F32, {n, H});
   be_.matmul(att.reshaped({n, nh * hd}), w.o_proj, a);
-  be_.add_rms_norm(x, a, &w.post_attn_norm, eps, add1);
+  next = be_.scratch(DType::F32, {n, H});
+  be_.add_rms_norm_norm(x, a, &w.post_attn_norm, eps, add1, 1.f, &w.pre_ffn_norm, next);
 }
 
 // scale: the layer scalar when this is the layer's last residual add, else 1.
-void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
+void Gemma4Model::ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tensor* next_norm, Tensor& next) {
   Gemma4Layer& w = layers_[size_t(l)];
   const int64_t n = x.rows(), H = cfg_.hidden_size;
   const float eps = cfg_.rms_eps;
   const bool add1 = cfg_.norm_adds_one;
 
-  Tensor h = be_.scratch(DType::F32, {n, H});
-  be_.rms_norm(x, &w.pre_ffn_norm, eps, add1, h);
   Tensor m = be_.scratch(DType::F32, {n, H});
   // The [n, F] gate and up outputs are a prefill's largest activations, so a prompt of more than
   // kFfnRows tokens runs the FFN in equal stretches of at most that many: peak memory is one
@@ -292,7 +291,12 @@ void Gemma4Model::ffn_block(int l, Tensor& x, float scale) {
     be_.rms_norm(m2, &w.post_ffn_norm_2, eps, add1, m2);
     be_.add(m, m2, m);
   }
-  be_.add_rms_norm(x, m, &w.post_ffn_norm, eps, add1, scale);
+  if (next_norm) {
+    next = be_.scratch(DType::F32, {n, H});
+    be_.add_rms_norm_norm(x, m, &w.post_ffn_norm, eps, add1, scale, next_norm, next);
+  } else {
+    be_.add_rms_norm(x, m, &w.post_ffn_norm, eps, add1, scale);
+  }
 }
 
 void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) {
@@ -336,11 +340,17 @@ void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
   Tensor ple;
   if (cfg_.ple_dim > 0) ple = per_layer_inputs(batch, x);          // [L, n, P]
 
+  const bool has_ple = cfg_.ple_dim > 0;
+  Tensor h = be_.scratch(DType::F32, {n, H});
+  be_.rms_norm(x, &layers_[0].attn_norm, cfg_.rms_eps, cfg_.norm_adds_one, h);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Gemma4Layer& w = layers_[size_t(l)];
-    const bool has_ple = cfg_.ple_dim > 0;
-    attention_block(l, x, batch, kv);
-    ffn_block(l, x, has_ple ? 1.f : w.layer_scalar);
+    const Tensor* next_attn_norm = l + 1 < cfg_.n_layers ? &layers_[size_t(l) + 1].attn_norm : nullptr;
+    Tensor h_ffn, h_next;
+    attention_block(l, x, h, batch, kv, h_ffn);
+    h = Tensor();
+    ffn_block(l, x, h_ffn, has_ple ? 1.f : w.layer_scalar, has_ple ? nullptr : next_attn_norm, h_next);
+    h_ffn = Tensor();
     if (has_ple) {
       const int64_t P = cfg_.ple_dim;
       Tensor g = be_.scratch(DType::F32, {n, P});
@@ -349,8 +359,15 @@ void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
       be_.gelu_tanh_mul(g, ple_l, g);
       Tensor p = be_.scratch(DType::F32, {n, H});
       be_.matmul(g, w.ple_proj, p);
-      be_.add_rms_norm(x, p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, w.layer_scalar);
+      if (next_attn_norm) {
+        h_next = be_.scratch(DType::F32, {n, H});
+        be_.add_rms_norm_norm(x, p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, w.layer_scalar,
+                              next_attn_norm, h_next);
+      } else {
+        be_.add_rms_norm(x, p, &w.ple_post_norm, cfg_.rms_eps, cfg_.norm_adds_one, w.layer_scalar);
+      }
     }
+    h = std::move(h_next);
   }
 
   // Only the rows whose logits are wanted go through the final norm and the LM head.
