@@ -60,7 +60,10 @@ if [ -n "${PEER_MARCH:-}" ]; then
 fi
 cuda=(-DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF)
 if [ "${PEER_CUDA:-0}" = 1 ]; then
-  cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_SHARED_LIBS=ON)
+  # The GPU driver (libcuda.so.1) is not on a machine without a GPU: its symbols are left to the
+  # machine that runs the binaries.
+  cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_SHARED_LIBS=ON
+        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined")
 fi
 cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \

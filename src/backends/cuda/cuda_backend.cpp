@@ -20,6 +20,7 @@
 
 #include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace mb::cuda {
 
@@ -153,6 +154,8 @@ class CudaBackend final : public Backend {
     check_blas(cublasLtCreate(&lt_), "creating a cuBLASLt handle");
     graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
     bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
+    // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
+    debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
   }
 
   ~CudaBackend() override {
@@ -161,6 +164,7 @@ class CudaBackend final : public Backend {
     const_cache_.clear();
     staged_dev_ = Tensor();
     if (staged_host_) cudaFreeHost(staged_host_);
+    if (pinned_) cudaFreeHost(pinned_);
     for (auto& [key, plan] : plans_) {
       cublasLtMatmulDescDestroy(plan.op);
       cublasLtMatrixLayoutDestroy(plan.a);
@@ -442,6 +446,7 @@ class CudaBackend final : public Backend {
                          const Tensor* w_next, Tensor& y) override {
     MB_CHECK(x.numel() == branch.numel() && y.numel() == x.numel(), "add_rms_norm_norm: x {}, branch {}, y {} differ",
              x.shape_str(), branch.shape_str(), y.shape_str());
+    if (debug_ & 4) return Backend::add_rms_norm_norm(x, branch, w, eps, add_one, s, w_next, y);
     cuda::add_rms_norm_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm_norm"), eps, add_one, s,
                             norm_weight(w_next, x.cols(), "add_rms_norm_norm"), y.f32(), x.rows(), x.cols(), st_);
   }
@@ -487,6 +492,7 @@ class CudaBackend final : public Backend {
     for (const AttentionSeq& sq : seqs)
       for (int64_t i = 0; i < sq.count; ++i) max_pos = std::max(max_pos, sq.pos[i]);
     a.max_keys = (int64_t(max_pos >> 8) + 1) << 8;
+    if (debug_ & 8) a.max_keys = 1 << 20;
     if (a.window > 0) a.max_keys = std::min<int64_t>(a.max_keys, a.window);
     MB_CHECK(kv0.k.dim(2) == a.hd && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.hd % 8 == 0 && a.hd <= 512,
              "attention: q {} over KV {} (head dims up to 512, a multiple of 8)", q.shape_str(), kv0.k.shape_str());
@@ -580,10 +586,30 @@ class CudaBackend final : public Backend {
       std::memcpy(dst, src.data, src.nbytes());
       return;
     }
-    check(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, st_), "copying to the host");
+    const size_t bytes = src.nbytes();
+    // Large results (a batch's logits: 1 MB a row) go through pinned memory, which the copy engine
+    // fills at full speed, then out in parallel; pageable destinations copy at a fraction of that.
+    const bool bounce = bytes >= (size_t(1) << 20);
+    if (bounce && bytes > pinned_cap_) {
+      if (pinned_) cudaFreeHost(pinned_);
+      pinned_ = nullptr;
+      pinned_cap_ = 0;
+      check(cudaMallocHost(&pinned_, bytes), "allocating pinned memory");
+      pinned_cap_ = bytes;
+    }
+    check(cudaMemcpyAsync(bounce ? pinned_ : dst, src.data, bytes, cudaMemcpyDeviceToHost, st_),
+          "copying to the host");
     const cudaError_t e = cudaStreamSynchronize(st_);
     if (e != cudaSuccess) fail("CUDA: a kernel of this step failed: {}", cudaGetErrorString(e));
     uploads_.clear();
+    if (bounce) {
+      const size_t piece = size_t(1) << 20;
+      const int64_t pieces = int64_t((bytes + piece - 1) / piece);
+      ThreadPool::global().parallel_for(pieces, 1, [&](int64_t b, int64_t e2) {
+        const size_t lo = size_t(b) * piece, hi = std::min(bytes, size_t(e2) * piece);
+        std::memcpy(static_cast<uint8_t*>(dst) + lo, static_cast<const uint8_t*>(pinned_) + lo, hi - lo);
+      });
+    }
   }
 
  private:
@@ -671,7 +697,8 @@ class CudaBackend final : public Backend {
   }
 
   // Few activation rows against weights of one type and width: the GEMV kernels.
-  static bool use_gemv(const std::vector<GpuWeight>& gw, int64_t n) {
+  bool use_gemv(const std::vector<GpuWeight>& gw, int64_t n) const {
+    if (debug_ & 1) return false;
     const bool q = is_quantized(gw[0].type);
     if (n > (q ? 2 * kGemvMaxRows : kGemvMaxRows)) return false;
     for (const GpuWeight& w : gw)
@@ -807,10 +834,13 @@ class CudaBackend final : public Backend {
   void* blas_ws_ = nullptr;
   bool graphs_on_ = true;
   int bf16_copies_ = -1;
+  int debug_ = 0;
   bool recording_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
   void* staged_host_ = nullptr;
+  void* pinned_ = nullptr;  // to_host's bounce buffer
+  size_t pinned_cap_ = 0;
   Tensor staged_dev_;
   size_t staged_cap_ = 0;
   std::vector<Span> spans_;

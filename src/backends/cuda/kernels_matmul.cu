@@ -6,6 +6,9 @@
 // Layout: a warp per weight row; its lanes walk the row in units (8 elements of F32/BF16, a
 // 32-element block of Q8_0/Q4_0, a 64-element half of a Q4_K sub-block pair), each unit one or two
 // 16-byte loads; the block types take int8 activations (QuantX) and __dp4a dot products.
+#include <algorithm>
+#include <cstdlib>
+
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
 #pragma unroll
     for (int j = 0; j < NX; ++j) acc[i][j] = 0.f;
   const int64_t units = a.k / Unit<T, NX>::kElems;
-#pragma unroll 2
+#pragma unroll 4
   for (int64_t u = lane; u < units; u += 32) {
 #pragma unroll
     for (int i = 0; i < kDots; ++i)

@@ -1,0 +1,1187 @@
+// The CUDA backend against the CPU backend, op by op (as llama.cpp's test-backend-ops does): the
+// same host inputs go through both (`prepare_weight` from the same source tensor, as the model
+// loads weights), and the outputs are compared relative to the largest |value| of the CPU's
+// output, with every CUDA output checked for NaN/inf. Outputs are poisoned with NaN before each
+// op, so an op that leaves part of its output unwritten fails the NaN check.
+//
+// Tolerances: 1e-5 for f32 elementwise ops and lookups, 1e-2 for matrix products and attention
+// (bf16 weights, bf16 KV, int8 activations for the block types: the CUDA backend quantizes
+// activations for Q8_0/Q4_0/Q4_K like the CPU's integer path). Every comparison prints its error
+// ("[ cuda-op  ]" lines) so a figure that creeps up is visible before it fails.
+//
+// Only backend.h's API: the file builds without CUDA, and every test skips when
+// mb::cuda_device_available() is false (no GPU, or a build without CUDA). Built with
+// -DMB_CUDA_TEST_SELF_CHECK, a CPU backend stands in for the CUDA one (see below).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/dtype.h"
+#include "core/quant.h"
+#include "core/tensor.h"
+
+namespace {
+
+using mb::Backend;
+using mb::DType;
+using mb::Tensor;
+
+constexpr double kTolF32 = 1e-5;   // f32 elementwise ops, lookups, norms, rope
+// Matrix products, attention, MoE: the GPU rounds activations to bf16 for cuBLAS (many rows) or
+// to int8 blocks of 32 for the block-type GEMV (few rows), its KV is bf16, and block types
+// without GPU kernels (Q4_1, Q5_x, Q5_K, Q6_K) are requantized to Q8_0 at load: measured up to
+// 2.2% of the output range on these shapes (docs/cuda.md).
+constexpr double kTolMat = 3e-2;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ---------------------------------------------------------------- the two backends
+
+// Built with -DMB_CUDA_TEST_SELF_CHECK, the tests run with a second CPU backend in the CUDA
+// backend's place, on any machine: a check of the harness itself (every error is then ~0).
+#ifdef MB_CUDA_TEST_SELF_CHECK
+bool gpu_available() { return true; }
+std::unique_ptr<Backend> make_gpu() { return mb::make_cpu_backend(); }
+constexpr mb::Device kGpuDevice = mb::Device::CPU;
+#else
+bool gpu_available() { return mb::cuda_device_available(); }
+std::unique_ptr<Backend> make_gpu() { return mb::make_backend("cuda"); }
+constexpr mb::Device kGpuDevice = mb::Device::CUDA;
+#endif
+
+class CudaOps : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    if (!gpu_available()) return;
+    cpu_ = mb::make_cpu_backend().release();
+    gpu_ = make_gpu().release();
+  }
+  static void TearDownTestSuite() {
+    delete gpu_;
+    delete cpu_;
+    gpu_ = cpu_ = nullptr;
+  }
+
+ protected:
+  void SetUp() override {
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device visible (or a build without CUDA)";
+    ASSERT_NE(gpu_, nullptr);
+    ASSERT_EQ(gpu_->device(), kGpuDevice) << gpu_->name();
+  }
+  void TearDown() override {
+    if (gpu_) gpu_->stage({});  // nothing staged outlives a test
+  }
+  static Backend& cpu() { return *cpu_; }
+  static Backend& gpu() { return *gpu_; }
+
+ private:
+  static Backend* cpu_;
+  static Backend* gpu_;
+};
+Backend* CudaOps::cpu_ = nullptr;
+Backend* CudaOps::gpu_ = nullptr;
+
+// Clears the staged arrays when a staged section ends (a later vector at a freed staged address
+// must not read the stale copy).
+struct Unstage {
+  Backend* be;
+  explicit Unstage(Backend* b) : be(b) {}
+  Unstage(const Unstage&) = delete;
+  Unstage& operator=(const Unstage&) = delete;
+  ~Unstage() { be->stage({}); }
+};
+
+// ---------------------------------------------------------------- host data
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
+  std::normal_distribution<float> nd(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (auto& x : v) x = mb::round_to_bf16(x);
+  return v;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor host_f32(const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  Tensor t = mb::host_tensor(DType::F32, shape);
+  EXPECT_EQ(size_t(t.numel()), v.size());
+  std::memcpy(t.data, v.data(), std::min(v.size(), size_t(t.numel())) * 4);
+  return t;
+}
+
+// A host tensor of `dt` holding f (rounded to dt; block types quantized row by row).
+Tensor host_weight(DType dt, const std::vector<int64_t>& shape, const std::vector<float>& f) {
+  if (dt == DType::F32) return host_f32(shape, f);
+  Tensor t = mb::host_tensor(dt, shape);
+  if (dt == DType::BF16 || dt == DType::F16) {
+    auto* h = t.ptr<uint16_t>();
+    for (size_t i = 0; i < f.size(); ++i) h[i] = dt == DType::BF16 ? mb::f32_to_bf16(f[i]) : mb::f32_to_f16(f[i]);
+    return t;
+  }
+  const int64_t cols = shape.back(), rows = numel(shape) / cols;
+  const size_t rb = mb::dtype_row_bytes(dt, cols);
+  for (int64_t r = 0; r < rows; ++r) mb::quantize_row(dt, f.data() + r * cols, t.ptr<uint8_t>() + size_t(r) * rb, cols);
+  return t;
+}
+
+// A copy of host f32 data in `be`'s memory: there is no upload op, but a lookup table in f32
+// is exactly that (the CPU backend aliases the host tensor; the CUDA backend copies it).
+Tensor upload(Backend& be, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  return be.prepare_weight(host_f32(shape, v), DType::F32, Backend::WeightUse::Lookup);
+}
+
+// Op output memory filled with NaN first: whatever an op does not write stays NaN.
+Tensor poisoned(Backend& be, const std::vector<int64_t>& shape) {
+  Tensor t = be.scratch(DType::F32, shape);
+  Tensor nan = upload(be, shape, std::vector<float>(size_t(numel(shape)), kNaN));
+  be.copy(nan, t);
+  return t;
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  be.to_host(t, v.data());
+  return v;
+}
+
+std::vector<int32_t> download_i32(Backend& be, const Tensor& t) {
+  std::vector<int32_t> v(size_t(t.numel()));
+  be.to_host(t, v.data());
+  return v;
+}
+
+// ---------------------------------------------------------------- comparing
+
+struct Err {
+  double max_abs = 0, ref_max = 0, rel = 0;
+  size_t nonfinite = 0, ref_nonfinite = 0;
+};
+
+Err measure(const std::vector<float>& ref, const std::vector<float>& got) {
+  Err e;
+  EXPECT_EQ(ref.size(), got.size());
+  for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
+    if (!std::isfinite(got[i])) {
+      ++e.nonfinite;
+      continue;
+    }
+    if (!std::isfinite(ref[i])) {
+      ++e.ref_nonfinite;
+      continue;
+    }
+    e.ref_max = std::max(e.ref_max, std::fabs(double(ref[i])));
+    e.max_abs = std::max(e.max_abs, std::fabs(double(ref[i]) - double(got[i])));
+  }
+  e.rel = e.max_abs / std::max(e.ref_max, 1e-30);
+  return e;
+}
+
+// Compares, prints the figure, and records a failure past `tol` or on any non-finite value.
+// Returns the relative error.
+double check(const std::string& what, const std::vector<float>& ref, const std::vector<float>& got, double tol,
+             bool print = true) {
+  const Err e = measure(ref, got);
+  if (print || e.rel > tol || e.nonfinite)
+    std::printf("[ cuda-op  ] %-64s rel %.2e (max|d| %.2e, max|ref| %.2e, tol %.0e)%s\n", what.c_str(), e.rel,
+                e.max_abs, e.ref_max, tol, e.nonfinite ? "  NON-FINITE" : "");
+  EXPECT_EQ(e.nonfinite, 0u) << what << ": " << e.nonfinite << " non-finite values in the CUDA output";
+  EXPECT_EQ(e.ref_nonfinite, 0u) << what << ": the CPU reference itself is not finite";
+  EXPECT_LE(e.rel, tol) << what;
+  return e.rel;
+}
+
+std::string dname(DType dt) { return std::string(mb::dtype_name(dt)); }
+
+// Runs f; an exception (an op the CUDA backend refuses) fails the test with `what` and lets the
+// other cases run.
+template <class F> void guarded(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- embed
+
+TEST_F(CudaOps, EmbedEveryTableDtype) {
+  std::mt19937 rng(1);
+  struct Case {
+    DType dt;
+    int64_t vocab, d;
+  };
+  std::vector<Case> cases;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    cases.push_back({dt, 1000, 512});
+  for (DType dt : {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0}) cases.push_back({dt, 700, 640});
+  cases.push_back({DType::BF16, 300, 42 * 256});  // a per-layer-embedding table's rows
+  for (const Case& c : cases) {
+    const auto f = randn(size_t(c.vocab * c.d), rng, 0.05f);
+    const Tensor src = host_weight(c.dt, {c.vocab, c.d}, f);
+    std::vector<int32_t> ids = {0, int32_t(c.vocab - 1), 5, 5, 17};
+    while (ids.size() < 300) ids.push_back(int32_t(rng() % uint32_t(c.vocab)));
+    for (auto use : {Backend::WeightUse::Lookup, Backend::WeightUse::MatmulAndLookup}) {
+      if (use == Backend::WeightUse::MatmulAndLookup && c.d > 4096) continue;
+      const std::string what = "embed " + dname(c.dt) + " [" + std::to_string(c.vocab) + "x" + std::to_string(c.d) +
+                               "]" + (use == Backend::WeightUse::Lookup ? " lookup" : " matmul+lookup");
+      guarded(what, [&] {
+        const Tensor tc = cpu().prepare_weight(src, c.dt, use), tg = gpu().prepare_weight(src, c.dt, use);
+        // A table the GPU keeps in another type (block types without kernels there become Q8_0)
+        // is re-rounded: held to the matrix tolerance, and said so.
+        const bool kept = tg.dtype == c.dt || (c.dt == DType::F16 && tg.dtype == DType::F32);
+        const std::string stored = kept ? "" : " (GPU keeps " + dname(tg.dtype) + ")";
+        for (int64_t n : {1, 7, 300}) {
+          const float scale = 22.627417f;
+          Tensor oc = poisoned(cpu(), {n, c.d}), og = poisoned(gpu(), {n, c.d});
+          cpu().embed(tc, ids.data(), n, scale, oc);
+          gpu().embed(tg, ids.data(), n, scale, og);
+          check(what + stored + " n=" + std::to_string(n), download(cpu(), oc), download(gpu(), og),
+                kept ? kTolF32 : kTolMat);
+        }
+      });
+    }
+  }
+}
+
+// ---------------------------------------------------------------- norms, rope
+
+std::vector<float> inv_freq_of(int64_t hd, int64_t rotated_pairs, float theta) {
+  std::vector<float> f(size_t(hd / 2), 0.f);  // pairs past rotated_pairs stay unrotated (partial RoPE)
+  for (int64_t j = 0; j < rotated_pairs; ++j) f[size_t(j)] = std::pow(theta, -float(2 * j) / float(hd));
+  return f;
+}
+
+TEST_F(CudaOps, RmsNormWithAndWithoutWeightBothFlavours) {
+  std::mt19937 rng(2);
+  for (int64_t d : {64, 256, 640, 2560}) {
+    const int64_t n = 37;
+    const auto x = randn(size_t(n * d), rng, 3.f), w = randn(size_t(d), rng, 0.5f);
+    const Tensor wc = upload(cpu(), {d}, w), wg = upload(gpu(), {d}, w);
+    for (bool add_one : {false, true})
+      for (bool weighted : {false, true})
+        for (bool in_place : {false, true}) {
+          Tensor xc = upload(cpu(), {n, d}, x), xg = upload(gpu(), {n, d}, x);
+          Tensor yc = in_place ? xc : poisoned(cpu(), {n, d}), yg = in_place ? xg : poisoned(gpu(), {n, d});
+          cpu().rms_norm(xc, weighted ? &wc : nullptr, 1e-6f, add_one, yc);
+          gpu().rms_norm(xg, weighted ? &wg : nullptr, 1e-6f, add_one, yg);
+          check("rms_norm d=" + std::to_string(d) + (weighted ? " w" : " no-w") + (add_one ? " 1+w" : "") +
+                    (in_place ? " in place" : ""),
+                download(cpu(), yc), download(gpu(), yg), kTolF32);
+        }
+  }
+}
+
+TEST_F(CudaOps, RopeAndRmsNormRope) {
+  std::mt19937 rng(3);
+  const std::vector<int32_t> base_pos = {0, 1, 7, 300, 4095, 32767, 131071, 2, 3};
+  struct Case {
+    int64_t heads, hd, rotated;
+  };
+  for (Case c : {Case{8, 256, 128}, Case{4, 512, 32}, Case{2, 64, 32}, Case{3, 32, 12}}) {
+    const auto inv = inv_freq_of(c.hd, c.rotated, c.hd == 512 ? 1e6f : 1e4f);
+    const auto w = randn(size_t(c.hd), rng, 0.5f);
+    const Tensor wc = upload(cpu(), {c.hd}, w), wg = upload(gpu(), {c.hd}, w);
+    for (int64_t n : {1, 5, 9}) {
+      std::vector<int32_t> pos(base_pos.begin(), base_pos.begin() + n);
+      const auto x = randn(size_t(n * c.heads * c.hd), rng, 2.f);
+      const std::string shape =
+          " [" + std::to_string(n) + "," + std::to_string(c.heads) + "," + std::to_string(c.hd) + "]";
+      {
+        Tensor xc = upload(cpu(), {n, c.heads, c.hd}, x), xg = upload(gpu(), {n, c.heads, c.hd}, x);
+        cpu().rope(xc, pos.data(), inv.data());
+        gpu().rope(xg, pos.data(), inv.data());
+        check("rope" + shape, download(cpu(), xc), download(gpu(), xg), kTolF32);
+      }
+      for (bool add_one : {false, true})
+        for (bool weighted : {false, true}) {
+          Tensor xc = upload(cpu(), {n, c.heads, c.hd}, x), xg = upload(gpu(), {n, c.heads, c.hd}, x);
+          cpu().rms_norm_rope(xc, weighted ? &wc : nullptr, 1e-6f, add_one, pos.data(), inv.data());
+          gpu().rms_norm_rope(xg, weighted ? &wg : nullptr, 1e-6f, add_one, pos.data(), inv.data());
+          check("rms_norm_rope" + shape + (weighted ? " w" : " no-w") + (add_one ? " 1+w" : ""),
+                download(cpu(), xc), download(gpu(), xg), kTolF32);
+        }
+    }
+  }
+}
+
+// Positions and frequencies are host arrays: a call whose arrays changed in place (same
+// pointers) must use the new values, never a copy kept from an earlier call.
+TEST_F(CudaOps, RopeFollowsArraysChangedInPlace) {
+  std::mt19937 rng(4);
+  const int64_t n = 3, heads = 2, hd = 64;
+  std::vector<int32_t> pos = {0, 5, 9};
+  auto inv = inv_freq_of(hd, 24, 1e4f);
+  const auto x = randn(size_t(n * heads * hd), rng);
+  auto once = [&](const char* what) {
+    Tensor xc = upload(cpu(), {n, heads, hd}, x), xg = upload(gpu(), {n, heads, hd}, x);
+    cpu().rope(xc, pos.data(), inv.data());
+    gpu().rope(xg, pos.data(), inv.data());
+    check(std::string("rope, ") + what, download(cpu(), xc), download(gpu(), xg), kTolF32);
+  };
+  once("first call");
+  pos[1] = 6;
+  once("a position changed in place");
+  inv[3] *= 0.5f;
+  once("a frequency changed in place");
+  pos = {0, 5, 9};
+  once("back to the first positions");
+}
+
+TEST_F(CudaOps, AddRmsNormWithScale) {
+  std::mt19937 rng(5);
+  for (int64_t d : {64, 640, 2560}) {
+    const int64_t n = 19;
+    const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), w = randn(size_t(d), rng, 0.5f);
+    const Tensor wc = upload(cpu(), {d}, w), wg = upload(gpu(), {d}, w);
+    for (float scale : {1.f, 0.7f})
+      for (bool add_one : {false, true})
+        for (bool weighted : {false, true}) {
+          Tensor xc = upload(cpu(), {n, d}, x), xg = upload(gpu(), {n, d}, x);
+          Tensor bc = upload(cpu(), {n, d}, br), bg = upload(gpu(), {n, d}, br);
+          cpu().add_rms_norm(xc, bc, weighted ? &wc : nullptr, 1e-6f, add_one, scale);
+          gpu().add_rms_norm(xg, bg, weighted ? &wg : nullptr, 1e-6f, add_one, scale);
+          check("add_rms_norm d=" + std::to_string(d) + " scale=" + std::to_string(scale).substr(0, 4) +
+                    (weighted ? " w" : " no-w") + (add_one ? " 1+w" : ""),
+                download(cpu(), xc), download(gpu(), xg), kTolF32);
+        }
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+TEST_F(CudaOps, ElementwiseOps) {
+  std::mt19937 rng(6);
+  const int64_t n = 37, d = 1000;
+  const auto a = randn(size_t(n * d), rng, 3.f), b = randn(size_t(n * d), rng, 2.f), row = randn(size_t(d), rng);
+  auto pair = [&](const std::vector<float>& v, std::vector<int64_t> shape) {
+    return std::make_pair(upload(cpu(), shape, v), upload(gpu(), shape, v));
+  };
+  // gelu_tanh_mul: separate output, and in place over either input (the model writes over gate).
+  for (int where : {0, 1, 2}) {
+    auto [gc, gg] = pair(a, {n, d});
+    auto [uc, ug] = pair(b, {n, d});
+    Tensor oc = where == 0 ? poisoned(cpu(), {n, d}) : where == 1 ? gc : uc;
+    Tensor og = where == 0 ? poisoned(gpu(), {n, d}) : where == 1 ? gg : ug;
+    cpu().gelu_tanh_mul(gc, uc, oc);
+    gpu().gelu_tanh_mul(gg, ug, og);
+    check(std::string("gelu_tanh_mul") + (where == 0 ? "" : where == 1 ? " out=gate" : " out=up"),
+          download(cpu(), oc), download(gpu(), og), kTolF32);
+  }
+  {
+    auto [ac, ag] = pair(a, {n, d});
+    auto [bc, bg] = pair(b, {n, d});
+    Tensor oc = poisoned(cpu(), {n, d}), og = poisoned(gpu(), {n, d});
+    cpu().add(ac, bc, oc);
+    gpu().add(ag, bg, og);
+    check("add", download(cpu(), oc), download(gpu(), og), kTolF32);
+    cpu().add(ac, bc, ac);
+    gpu().add(ag, bg, ag);
+    check("add in place", download(cpu(), ac), download(gpu(), ag), kTolF32);
+  }
+  for (bool broadcast : {false, true}) {
+    auto [ac, ag] = pair(a, {n, d});
+    auto [bc, bg] = broadcast ? pair(row, {1, d}) : pair(b, {n, d});
+    Tensor oc = poisoned(cpu(), {n, d}), og = poisoned(gpu(), {n, d});
+    cpu().mul(ac, bc, oc);
+    gpu().mul(ag, bg, og);
+    check(std::string("mul") + (broadcast ? " (b: one row, broadcast)" : ""), download(cpu(), oc),
+          download(gpu(), og), kTolF32);
+  }
+  {
+    auto [ac, ag] = pair(a, {n, d});
+    cpu().scale(ac, 0.37f);
+    gpu().scale(ag, 0.37f);
+    check("scale", download(cpu(), ac), download(gpu(), ag), kTolF32);
+  }
+  for (float cap : {30.f, 50.f}) {
+    auto big = randn(size_t(n * d), rng, 40.f);
+    for (float v : {0.f, 1e-30f, 1e4f, -1e4f, 1e30f, -1e30f}) big[size_t(rng() % big.size())] = v;
+    auto [xc, xg] = pair(big, {n, d});
+    cpu().softcap(xc, cap);
+    gpu().softcap(xg, cap);
+    check("softcap " + std::to_string(int(cap)), download(cpu(), xc), download(gpu(), xg), kTolF32);
+  }
+}
+
+TEST_F(CudaOps, SliceGatherCopy) {
+  std::mt19937 rng(7);
+  const int64_t n = 23, c = 100;
+  const auto src = randn(size_t(n * c), rng);
+  const Tensor sc = upload(cpu(), {n, c}, src), sg = upload(gpu(), {n, c}, src);
+  for (auto [begin, w] : {std::pair<int64_t, int64_t>{0, 100}, {17, 40}, {99, 1}, {50, 50}}) {
+    Tensor oc = poisoned(cpu(), {n, w}), og = poisoned(gpu(), {n, w});
+    cpu().slice_cols(sc, begin, oc);
+    gpu().slice_cols(sg, begin, og);
+    check("slice_cols [" + std::to_string(begin) + ", +" + std::to_string(w) + ")", download(cpu(), oc),
+          download(gpu(), og), 0);
+  }
+  const std::vector<int32_t> rows = {22, 0, 5, 5, 13, 22, 1};
+  for (int64_t k : {1, 7}) {
+    Tensor oc = poisoned(cpu(), {k, c}), og = poisoned(gpu(), {k, c});
+    cpu().gather_rows(sc, rows.data(), k, oc);
+    gpu().gather_rows(sg, rows.data(), k, og);
+    check("gather_rows " + std::to_string(k), download(cpu(), oc), download(gpu(), og), 0);
+  }
+  {
+    Tensor oc = poisoned(cpu(), {n, c}), og = poisoned(gpu(), {n, c});
+    cpu().copy(sc, oc);
+    gpu().copy(sg, og);
+    check("copy", download(cpu(), oc), download(gpu(), og), 0);
+  }
+}
+
+// ---------------------------------------------------------------- matmuls
+
+const std::vector<DType>& weight_dtypes() {
+  static const std::vector<DType> v = {DType::F32, DType::BF16, DType::F16, DType::Q8_0,
+                                       DType::Q4_0, DType::Q4_K, DType::Q6_K};
+  return v;
+}
+
+struct Weight {
+  Tensor c, g;  // prepared on the CPU and on the GPU from one host source
+};
+Weight prepare_both(Backend& cpu, Backend& gpu, const Tensor& src, DType dt) {
+  return {cpu.prepare_weight(src, dt), gpu.prepare_weight(src, dt)};
+}
+Weight random_weight(Backend& cpu, Backend& gpu, DType dt, std::vector<int64_t> shape, std::mt19937& rng) {
+  const auto f = randn(size_t(numel(shape)), rng, 1.f / std::sqrt(float(shape.back())));
+  return prepare_both(cpu, gpu, host_weight(dt, shape, f), dt);
+}
+
+// " (GPU keeps X)" when the GPU holds a weight in another type than asked for.
+std::string stored_as(const Tensor& g, DType asked) {
+  return g.dtype == asked ? "" : " (GPU keeps " + dname(g.dtype) + ")";
+}
+
+std::string mm_label(const char* op, DType dt, int64_t n, int64_t k, int64_t m) {
+  return std::string(op) + " " + dname(dt) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" +
+         std::to_string(m);
+}
+
+// One line per weight: the error at each n, the worst last.
+struct RowReport {
+  explicit RowReport(std::string h) : head(std::move(h)) {}
+  std::string head, body;
+  double worst = 0;
+  void add(int64_t n, double rel) {
+    char b[48];
+    std::snprintf(b, sizeof b, " %lld:%.1e", static_cast<long long>(n), rel);
+    body += b;
+    worst = std::max(worst, rel);
+  }
+  void print(double tol) const {
+    std::printf("[ cuda-op  ] %s  rel by n:%s  worst %.2e (tol %.0e)\n", head.c_str(), body.c_str(), worst, tol);
+  }
+};
+
+TEST_F(CudaOps, MatmulEveryWeightDtypeAndRowCount) {
+  std::mt19937 rng(8);
+  struct Shape {
+    int64_t k, m;
+  };
+  const std::vector<Shape> shapes = {{256, 13}, {512, 1000}, {1536, 771}, {2560, 2048}, {2560, 262}};
+  const std::vector<int64_t> ns = {1, 2, 5, 8, 9, 16, 64, 300};
+  for (DType dt : weight_dtypes()) {
+    if (!gpu().supports_weight_dtype(dt)) {
+      ADD_FAILURE() << "the CUDA backend does not take " << dname(dt) << " weights";
+      continue;
+    }
+    for (const Shape& s : shapes) guarded("matmul " + dname(dt), [&] {
+      const Weight w = random_weight(cpu(), gpu(), dt, {s.m, s.k}, rng);
+      RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " k=" + std::to_string(s.k) + " m=" +
+                    std::to_string(s.m)};
+      for (int64_t n : ns) {
+        const auto x = randn(size_t(n * s.k), rng);
+        const Tensor xc = upload(cpu(), {n, s.k}, x), xg = upload(gpu(), {n, s.k}, x);
+        Tensor yc = poisoned(cpu(), {n, s.m}), yg = poisoned(gpu(), {n, s.m});
+        cpu().matmul(xc, w.c, yc);
+        gpu().matmul(xg, w.g, yg);
+        rep.add(n, check(mm_label("matmul", dt, n, s.k, s.m), download(cpu(), yc), download(gpu(), yg), kTolMat,
+                         /*print=*/false));
+      }
+      rep.print(kTolMat);
+    });
+  }
+}
+
+// Sets an environment variable for a scope (a backend reads its switches when it is made).
+struct EnvOverride {
+  std::string name, saved;
+  bool had;
+  EnvOverride(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) saved = std::getenv(n);
+    setenv(n, value, 1);
+  }
+  ~EnvOverride() {
+    if (had) setenv(name.c_str(), saved.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+// Block-type weights without their bf16 copy, as large models get them when the GPU would be too
+// full for one (docs/cuda.md; MARKBASE_CUDA_BF16_COPIES=0 forces it on a backend made after it is
+// set): products of many rows dequantize slabs of rows instead.
+TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
+  std::unique_ptr<Backend> nocopy;
+  {
+    EnvOverride off("MARKBASE_CUDA_BF16_COPIES", "0");
+    nocopy = make_gpu();
+  }
+  std::mt19937 rng(17);
+  for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+    for (auto [k, m] : {std::pair<int64_t, int64_t>{2560, 2048}, {768, 333}})
+      guarded("matmul without bf16 copies " + dname(dt), [&] {
+        const Weight w = random_weight(cpu(), *nocopy, dt, {m, k}, rng);
+        RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " no bf16 copy k=" + std::to_string(k) +
+                      " m=" + std::to_string(m)};
+        for (int64_t n : {1, 9, 64, 300}) {
+          const auto x = randn(size_t(n * k), rng);
+          const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(*nocopy, {n, k}, x);
+          Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(*nocopy, {n, m});
+          cpu().matmul(xc, w.c, yc);
+          nocopy->matmul(xg, w.g, yg);
+          rep.add(n, check(mm_label("matmul no-bf16-copy", dt, n, k, m), download(cpu(), yc), download(*nocopy, yg),
+                           kTolMat, false));
+        }
+        rep.print(kTolMat);
+      });
+  guarded("gated_ffn without bf16 copies", [&] {
+    const int64_t H = 768, F = 2048, n = 64;
+    const Weight gate = random_weight(cpu(), *nocopy, DType::Q4_0, {F, H}, rng);
+    const Weight up = random_weight(cpu(), *nocopy, DType::Q4_0, {F, H}, rng);
+    const Weight down = random_weight(cpu(), *nocopy, DType::Q4_K, {H, F}, rng);
+    const auto x = randn(size_t(n * H), rng);
+    const Tensor xc = upload(cpu(), {n, H}, x), xg = upload(*nocopy, {n, H}, x);
+    Tensor oc = poisoned(cpu(), {n, H}), og = poisoned(*nocopy, {n, H});
+    cpu().gated_ffn(xc, gate.c, up.c, down.c, oc);
+    nocopy->gated_ffn(xg, gate.g, up.g, down.g, og);
+    check("gated_ffn Q4_0/Q4_K no bf16 copy n=64", download(cpu(), oc), download(*nocopy, og), kTolMat);
+  });
+}
+
+// Block types the GGUF files use beyond the seven above (Gemma 3 270M Q4_K_M has Q5_0 and
+// Q8_0 fallbacks for its 640-wide rows): tested where the CUDA backend says it takes them.
+TEST_F(CudaOps, MatmulOtherBlockTypesWhereSupported) {
+  std::mt19937 rng(9);
+  for (DType dt : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q5_K}) {
+    if (!gpu().supports_weight_dtype(dt)) {
+      std::printf("[ cuda-op  ] matmul %s: not supported by the CUDA backend (models with it fail to load)\n",
+                  dname(dt).c_str());
+      continue;
+    }
+    const int64_t k = 768, m = 333;
+    const Weight w = random_weight(cpu(), gpu(), dt, {m, k}, rng);
+    RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " k=768 m=333"};
+    for (int64_t n : {1, 8, 64}) {
+      const auto x = randn(size_t(n * k), rng);
+      const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(gpu(), {n, k}, x);
+      Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(gpu(), {n, m});
+      cpu().matmul(xc, w.c, yc);
+      gpu().matmul(xg, w.g, yg);
+      rep.add(n, check(mm_label("matmul", dt, n, k, m), download(cpu(), yc), download(gpu(), yg), kTolMat, false));
+    }
+    rep.print(kTolMat);
+  }
+}
+
+// prepare_weight converting at load (`--dtype q4_0` on a bf16 checkpoint, the synthetic models):
+// a bf16 or f32 source quantized by each backend itself. Rows that are not whole blocks keep the
+// source's type on both.
+TEST_F(CudaOps, MatmulWeightsConvertedAtLoad) {
+  std::mt19937 rng(10);
+  for (DType src_dt : {DType::F32, DType::BF16})
+    for (DType dt : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
+      for (int64_t k : {int64_t(512), int64_t(640)}) guarded("converted " + dname(src_dt) + "->" + dname(dt), [&] {
+        if (src_dt == dt) return;
+        const int64_t m = 200;
+        const auto f = randn(size_t(m * k), rng, 1.f / std::sqrt(float(k)));
+        const Weight w = prepare_both(cpu(), gpu(), host_weight(src_dt, {m, k}, f), dt);
+        RowReport rep{"matmul " + dname(src_dt) + "->" + dname(dt) + stored_as(w.g, dt) + " k=" + std::to_string(k) +
+                      " m=200"};
+        for (int64_t n : {1, 64}) {
+          const auto x = randn(size_t(n * k), rng);
+          const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(gpu(), {n, k}, x);
+          Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(gpu(), {n, m});
+          cpu().matmul(xc, w.c, yc);
+          gpu().matmul(xg, w.g, yg);
+          rep.add(n, check(mm_label("matmul converted", dt, n, k, m), download(cpu(), yc), download(gpu(), yg),
+                           kTolMat, false));
+        }
+        rep.print(kTolMat);
+      });
+}
+
+TEST_F(CudaOps, MatmulsSeveralWeightsOneInput) {
+  std::mt19937 rng(11);
+  const int64_t k = 2560;
+  const std::vector<int64_t> ms = {2048, 512, 512};
+  for (DType dt : weight_dtypes()) guarded("matmuls " + dname(dt), [&] {
+    std::vector<Weight> ws;
+    for (int64_t m : ms) ws.push_back(random_weight(cpu(), gpu(), dt, {m, k}, rng));
+    RowReport rep{"matmuls (q/k/v) " + dname(dt) + " k=2560 m=2048,512,512"};
+    for (int64_t n : {1, 5, 8, 64, 300}) {
+      const auto x = randn(size_t(n * k), rng);
+      const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(gpu(), {n, k}, x);
+      std::vector<Tensor> yc, yg;
+      for (int64_t m : ms) yc.push_back(poisoned(cpu(), {n, m})), yg.push_back(poisoned(gpu(), {n, m}));
+      std::vector<const Tensor*> wc, wg;
+      std::vector<Tensor*> pc, pg;
+      for (size_t i = 0; i < ms.size(); ++i) {
+        wc.push_back(&ws[i].c), wg.push_back(&ws[i].g);
+        pc.push_back(&yc[i]), pg.push_back(&yg[i]);
+      }
+      cpu().matmuls(xc, wc, pc);
+      gpu().matmuls(xg, wg, pg);
+      double worst = 0;
+      for (size_t i = 0; i < ms.size(); ++i)
+        worst = std::max(worst, check(mm_label("matmuls", dt, n, k, ms[i]) + " #" + std::to_string(i),
+                                      download(cpu(), yc[i]), download(gpu(), yg[i]), kTolMat, false));
+      rep.add(n, worst);
+    }
+    rep.print(kTolMat);
+  });
+}
+
+TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
+  std::mt19937 rng(12);
+  const int64_t H = 768, F = 2048;
+  for (DType dt : weight_dtypes()) guarded("matmul_gelu_mul/gated_ffn " + dname(dt), [&] {
+    const Weight gate = random_weight(cpu(), gpu(), dt, {F, H}, rng), up = random_weight(cpu(), gpu(), dt, {F, H}, rng);
+    const Weight down = random_weight(cpu(), gpu(), dt, {H, F}, rng);
+    RowReport r1{"matmul_gelu_mul " + dname(dt) + " H=768 F=2048"}, r2{"gated_ffn " + dname(dt) + " H=768 F=2048"};
+    for (int64_t n : {1, 2, 8, 16, 64, 300}) {
+      const auto x = randn(size_t(n * H), rng);
+      const Tensor xc = upload(cpu(), {n, H}, x), xg = upload(gpu(), {n, H}, x);
+      Tensor gc = poisoned(cpu(), {n, F}), gg = poisoned(gpu(), {n, F});
+      cpu().matmul_gelu_mul(xc, gate.c, up.c, gc);
+      gpu().matmul_gelu_mul(xg, gate.g, up.g, gg);
+      r1.add(n, check(mm_label("matmul_gelu_mul", dt, n, H, F), download(cpu(), gc), download(gpu(), gg), kTolMat,
+                      false));
+      Tensor oc = poisoned(cpu(), {n, H}), og = poisoned(gpu(), {n, H});
+      cpu().gated_ffn(xc, gate.c, up.c, down.c, oc);
+      gpu().gated_ffn(xg, gate.g, up.g, down.g, og);
+      r2.add(n, check(mm_label("gated_ffn", dt, n, H, F), download(cpu(), oc), download(gpu(), og), kTolMat, false));
+    }
+    r1.print(kTolMat);
+    r2.print(kTolMat);
+  });
+}
+
+// ---------------------------------------------------------------- MoE
+
+TEST_F(CudaOps, RouteTopk) {
+  std::mt19937 rng(13);
+  struct Case {
+    int64_t n, E;
+    int k;
+  };
+  for (Case c : {Case{1, 8, 2}, Case{37, 8, 2}, Case{5, 128, 8}, Case{300, 128, 8}})
+    for (bool scaled : {false, true}) {
+      const auto logits = randn(size_t(c.n * c.E), rng, 2.f);
+      std::vector<float> pes(size_t(c.E));
+      for (auto& v : pes) v = 0.5f + float(rng() % 1000) / 1000.f;
+      const Tensor lc = upload(cpu(), {c.n, c.E}, logits), lg = upload(gpu(), {c.n, c.E}, logits);
+      const Tensor sc = upload(cpu(), {c.E}, pes), sg = upload(gpu(), {c.E}, pes);
+      Tensor wc = poisoned(cpu(), {c.n, c.k}), wg = poisoned(gpu(), {c.n, c.k});
+      Tensor ec = cpu().scratch(DType::I32, {c.n, c.k}), eg = gpu().scratch(DType::I32, {c.n, c.k});
+      cpu().route_topk(lc, c.k, scaled ? &sc : nullptr, wc, ec);
+      gpu().route_topk(lg, c.k, scaled ? &sg : nullptr, wg, eg);
+      const std::string what = "route_topk n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
+                               " k=" + std::to_string(c.k) + (scaled ? " per-expert scale" : "");
+      EXPECT_EQ(download_i32(cpu(), ec), download_i32(gpu(), eg)) << what << ": experts differ";
+      check(what, download(cpu(), wc), download(gpu(), wg), kTolF32);
+    }
+}
+
+TEST_F(CudaOps, MoeGatedExperts) {
+  std::mt19937 rng(14);
+  struct Case {
+    int64_t E, H, I;
+    int k;
+    std::vector<DType> dts;
+  };
+  const std::vector<Case> cases = {
+      {8, 512, 256, 2, {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}},
+      {8, 2816, 704, 2, {DType::BF16, DType::Q8_0, DType::Q4_0}},  // 26B-A4B's widths (704: no K-quant rows)
+  };
+  for (const Case& c : cases)
+    for (DType dt : c.dts) guarded("moe " + dname(dt), [&] {
+      const Weight gu = random_weight(cpu(), gpu(), dt, {c.E, 2 * c.I, c.H}, rng);
+      const Weight dn = random_weight(cpu(), gpu(), dt, {c.E, c.H, c.I}, rng);
+      RowReport rep{"moe_gated_experts " + dname(dt) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
+                    " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
+      for (int64_t n : {1, 5, 64}) {
+        const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
+        const Tensor xc = upload(cpu(), {n, c.H}, x), xg = upload(gpu(), {n, c.H}, x);
+        const Tensor lc = upload(cpu(), {n, c.E}, logits), lg = upload(gpu(), {n, c.E}, logits);
+        Tensor wc = cpu().scratch(DType::F32, {n, c.k}), wg = gpu().scratch(DType::F32, {n, c.k});
+        Tensor ec = cpu().scratch(DType::I32, {n, c.k}), eg = gpu().scratch(DType::I32, {n, c.k});
+        cpu().route_topk(lc, c.k, nullptr, wc, ec);
+        gpu().route_topk(lg, c.k, nullptr, wg, eg);
+        ASSERT_EQ(download_i32(cpu(), ec), download_i32(gpu(), eg)) << "routing differs; see RouteTopk";
+        Tensor oc = poisoned(cpu(), {n, c.H}), og = poisoned(gpu(), {n, c.H});
+        cpu().moe_gated_experts(xc, gu.c, dn.c, wc, ec, oc);
+        gpu().moe_gated_experts(xg, gu.g, dn.g, wg, eg, og);
+        rep.add(n, check(rep.head + " n=" + std::to_string(n), download(cpu(), oc), download(gpu(), og), kTolMat,
+                         false));
+      }
+      rep.print(kTolMat);
+    });
+}
+
+// ---------------------------------------------------------------- KV and attention
+
+enum class Layout { Flat, Ring, Paged };
+const char* layout_name(Layout l) { return l == Layout::Flat ? "flat" : l == Layout::Ring ? "ring" : "paged"; }
+
+struct AttnConfig {
+  int64_t nh, nkv, hd;
+  int window;
+  float softcap;
+  float scale;  // 0: 1/sqrt(hd)
+  Layout layout;
+  bool bf16_inputs = true;  // q/k/v values bf16 already, so a bf16 KV store holds them exactly
+  std::string label() const {
+    char b[160];
+    std::snprintf(b, sizeof b, "hd=%lld heads=%lld/%lld window=%d softcap=%g scale=%s %s%s",
+                  static_cast<long long>(hd), static_cast<long long>(nh), static_cast<long long>(nkv), window,
+                  softcap, scale == 0 ? "1/sqrt(hd)" : "1", layout_name(layout), bf16_inputs ? "" : " f32-inputs");
+    return b;
+  }
+};
+
+// One sequence's rows in a step: positions [start, start + count).
+struct Part {
+  int seq;
+  int64_t start, count;
+};
+using Step = std::vector<Part>;
+
+// The steps that write each sequence's history [0, history) in chunks of at most `chunk` tokens
+// (sequences side by side, as the scheduler mixes them), then one step with `last[s]` new rows of
+// every sequence.
+std::vector<Step> plan_steps(const std::vector<int64_t>& history, const std::vector<int64_t>& last, int64_t chunk) {
+  std::vector<Step> steps;
+  std::vector<int64_t> done(history.size(), 0);
+  for (;;) {
+    Step st;
+    for (size_t s = 0; s < history.size(); ++s)
+      if (done[s] < history[s]) {
+        const int64_t c = std::min(chunk, history[s] - done[s]);
+        st.push_back({int(s), done[s], c});
+        done[s] += c;
+      }
+    if (st.empty()) break;
+    steps.push_back(st);
+  }
+  Step final_step;
+  for (size_t s = 0; s < last.size(); ++s)
+    if (last[s] > 0) final_step.push_back({int(s), history[s], last[s]});
+  steps.push_back(final_step);
+  return steps;
+}
+
+struct StepData {
+  std::vector<float> q, k, v;  // [rows, heads, hd]
+};
+
+constexpr int64_t kPage = 16;
+
+// Runs the steps on one backend: each step writes its rows' K/V (kv_write for a single
+// sequence, kv_write_batch otherwise) and attends its rows' queries over their sequence's store.
+// Stores hold stale data first (positions the sequences never name), written through a flat view
+// of the same memory: `poison` NaN, else finite values. Page tables are shuffled pages of one
+// pool, entries below every query's window set to -1 before a step. `staged`: the step's host
+// arrays go through Backend::stage first.
+std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, const std::vector<Step>& steps,
+                                              const std::vector<StepData>& data, bool staged, bool poison) {
+  const size_t n_seqs = [&] {
+    int m = 0;
+    for (const Step& st : steps)
+      for (const Part& p : st) m = std::max(m, p.seq + 1);
+    return size_t(m);
+  }();
+  std::vector<int64_t> total(n_seqs, 0);
+  int64_t max_step = 1;
+  for (const Step& st : steps)
+    for (const Part& p : st) {
+      total[size_t(p.seq)] = std::max(total[size_t(p.seq)], p.start + p.count);
+      max_step = std::max(max_step, p.count);
+    }
+  const int64_t row = c.nkv * c.hd;
+  const DType kvdt = be.kv_dtype();
+
+  // Fills rows [0, rows) of a store's memory with stale values through a flat view.
+  std::mt19937 stale_rng(99);
+  auto fill_stale = [&](const Tensor& k, const Tensor& v, int64_t rows) {
+    mb::KVStore flat;
+    flat.k = k;
+    flat.v = v;
+    flat.capacity = rows;
+    for (int64_t b = 0; b < rows; b += 512) {
+      const int64_t cnt = std::min<int64_t>(512, rows - b);
+      std::vector<float> kk =
+          poison ? std::vector<float>(size_t(cnt * row), kNaN) : randn(size_t(cnt * row), stale_rng, 3.f);
+      std::vector<float> vv = poison ? kk : randn(size_t(cnt * row), stale_rng, 3.f);
+      std::vector<int32_t> pos(static_cast<size_t>(cnt));
+      std::iota(pos.begin(), pos.end(), int32_t(b));
+      const Tensor kt = upload(be, {cnt, c.nkv, c.hd}, kk), vt = upload(be, {cnt, c.nkv, c.hd}, vv);
+      be.kv_write(flat, kt, vt, pos.data());
+    }
+  };
+
+  std::vector<mb::KVStore> stores(n_seqs);
+  std::vector<std::vector<int32_t>> tables(n_seqs);
+  Tensor pool_k, pool_v;
+  if (c.layout == Layout::Paged) {
+    int64_t pages = 0;
+    for (int64_t t : total) pages += (t + kPage - 1) / kPage;
+    const int64_t pool_pages = pages + 5;  // spare pages of stale data no table names
+    std::vector<int32_t> perm(static_cast<size_t>(pool_pages));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937 prng(1234);
+    std::shuffle(perm.begin(), perm.end(), prng);
+    pool_k = be.alloc(kvdt, {pool_pages * kPage, c.nkv, c.hd});
+    pool_v = be.alloc(kvdt, {pool_pages * kPage, c.nkv, c.hd});
+    fill_stale(pool_k, pool_v, pool_pages * kPage);
+    size_t next = 0;
+    for (size_t s = 0; s < n_seqs; ++s) {
+      const int64_t np = (total[s] + kPage - 1) / kPage;
+      for (int64_t i = 0; i < np; ++i) tables[s].push_back(perm[next++]);
+      mb::KVStore& st = stores[s];
+      st.k = pool_k;
+      st.v = pool_v;
+      st.capacity = pool_pages * kPage;
+      st.pages = tables[s].data();
+      st.page_size = kPage;
+      st.n_pages = np;
+    }
+  } else {
+    for (size_t s = 0; s < n_seqs; ++s) {
+      const bool ring = c.layout == Layout::Ring;
+      const int64_t cap = ring ? c.window - 1 + max_step : total[s];
+      mb::KVStore& st = stores[s];
+      st.k = be.alloc(kvdt, {cap, c.nkv, c.hd});
+      st.v = be.alloc(kvdt, {cap, c.nkv, c.hd});
+      st.capacity = cap;
+      st.ring = ring;
+      fill_stale(st.k, st.v, cap);
+    }
+  }
+
+  mb::AttentionParams ap;
+  ap.scale = c.scale == 0 ? 1.f / std::sqrt(float(c.hd)) : c.scale;
+  ap.window = c.window;
+  ap.softcap = c.softcap;
+  std::vector<std::vector<float>> outs;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const Step& st = steps[si];
+    int64_t rows = 0;
+    for (const Part& p : st) rows += p.count;
+    std::vector<int32_t> positions;
+    std::vector<Backend::AttentionSeq> seqs;
+    for (const Part& p : st) {
+      seqs.push_back({&stores[size_t(p.seq)], int64_t(positions.size()), p.count, nullptr});
+      for (int64_t i = 0; i < p.count; ++i) positions.push_back(int32_t(p.start + i));
+    }
+    for (auto& s : seqs) s.pos = positions.data() + s.begin;
+    // Pages every query of the sequence has left behind (sliding window) are gone.
+    if (c.layout == Layout::Paged && c.window > 0)
+      for (const Part& p : st) {
+        const int64_t lowest_key = p.start - c.window + 1;
+        auto& tab = tables[size_t(p.seq)];
+        for (int64_t pg = 0; pg < int64_t(tab.size()); ++pg)
+          if ((pg + 1) * kPage - 1 < lowest_key) tab[size_t(pg)] = -1;
+      }
+    std::optional<Unstage> unstage;
+    if (staged) {
+      std::vector<mb::HostArray> arrays = {{positions.data(), positions.size() * 4, positions.size() * 4 + 64}};
+      for (const Part& p : st) {
+        const auto& tab = tables[size_t(p.seq)];
+        if (!tab.empty()) arrays.push_back({tab.data(), tab.size() * 4, tab.size() * 4});
+      }
+      be.stage(arrays);
+      unstage.emplace(&be);
+    }
+    const StepData& d = data[si];
+    const Tensor q = upload(be, {rows, c.nh, c.hd}, d.q);
+    const Tensor k = upload(be, {rows, c.nkv, c.hd}, d.k), v = upload(be, {rows, c.nkv, c.hd}, d.v);
+    Tensor out = poisoned(be, {rows, c.nh, c.hd});
+    if (st.size() == 1) {
+      be.kv_write(stores[size_t(st[0].seq)], k, v, positions.data());
+      be.attention(q, stores[size_t(st[0].seq)], positions.data(), ap, out);
+    } else {
+      be.kv_write_batch(k, v, seqs);
+      be.attention_batch(q, seqs, ap, out);
+    }
+    outs.push_back(download(be, out));
+  }
+  return outs;
+}
+
+std::vector<StepData> step_data(const AttnConfig& c, const std::vector<Step>& steps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<StepData> data;
+  for (const Step& st : steps) {
+    int64_t rows = 0;
+    for (const Part& p : st) rows += p.count;
+    StepData d{randn(size_t(rows * c.nh * c.hd), rng), randn(size_t(rows * c.nkv * c.hd), rng),
+               randn(size_t(rows * c.nkv * c.hd), rng)};
+    if (c.bf16_inputs) d.q = bf16_rounded(d.q), d.k = bf16_rounded(d.k), d.v = bf16_rounded(d.v);
+    data.push_back(std::move(d));
+  }
+  return data;
+}
+
+// Every step's output on the GPU (unstaged and staged) against the CPU's.
+void compare_attention(Backend& cpu, Backend& gpu, const AttnConfig& c, const std::vector<Step>& steps,
+                       const std::string& scenario, double tol) {
+  const auto data = step_data(c, steps, 7);
+  const auto ref = run_attention(cpu, c, steps, data, false, false);
+  for (bool staged : {false, true}) {
+    const auto got = run_attention(gpu, c, steps, data, staged, false);
+    ASSERT_EQ(got.size(), ref.size());
+    double worst = 0;
+    size_t worst_step = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      std::string step = " step " + std::to_string(i) + " (";
+      for (const Part& p : steps[i]) {
+        char b[64];
+        std::snprintf(b, sizeof b, "s%d@%lld+%lld ", p.seq, static_cast<long long>(p.start),
+                      static_cast<long long>(p.count));
+        step += b;
+      }
+      step.back() = ')';
+      const double rel = check("attention " + scenario + " " + c.label() + (staged ? " staged" : "") + step, ref[i],
+                               got[i], tol, false);
+      if (rel > worst) worst = rel, worst_step = i;
+    }
+    std::printf("[ cuda-op  ] attention %-12s %s%s: %zu steps, worst rel %.2e at step %zu (tol %.0e)\n",
+                scenario.c_str(), c.label().c_str(), staged ? " staged" : "", ref.size(), worst, worst_step, tol);
+  }
+}
+
+std::vector<AttnConfig> attention_configs() {
+  const float one = 1.f, inv = 0.f;
+  return {
+      {8, 8, 256, 0, 0.f, inv, Layout::Flat},       // GQA 1
+      {8, 4, 256, 0, 0.f, inv, Layout::Paged},      // GQA 2
+      {8, 2, 256, 48, 50.f, one, Layout::Paged},    // GQA 4, sliding, softcap, scale 1 (peaked)
+      {8, 1, 256, 48, 0.f, inv, Layout::Ring},      // GQA 8, a sliding layer's ring
+      {16, 2, 512, 0, 0.f, one, Layout::Paged},     // Gemma 4 full layers: head dim 512, GQA 8
+      {4, 4, 512, 0, 50.f, inv, Layout::Flat},      // head dim 512, GQA 1, softcap
+      {16, 8, 256, 1024, 0.f, inv, Layout::Paged},  // a window longer than every sequence
+      {8, 2, 512, 64, 0.f, inv, Layout::Ring},      // head dim 512 in a ring
+      {4, 2, 64, 8, 0.f, inv, Layout::Ring},        // the fixtures' small head dims
+      {2, 1, 32, 0, 0.f, inv, Layout::Paged},
+      {4, 2, 16, 8, 0.f, inv, Layout::Ring},        // gemma3_like's head dim
+      {8, 2, 256, 48, 0.f, inv, Layout::Paged, false},  // f32 inputs: the KV store rounds them
+  };
+}
+
+// One sequence, prefilled in chunks then decoded token by token, each step attended at once.
+TEST_F(CudaOps, AttentionOneSequencePrefillThenDecode) {
+  for (const AttnConfig& c : attention_configs()) {
+    std::vector<Step> steps = {{{0, 0, 100}}, {{0, 100, 137}}};
+    for (int64_t p = 237; p < 241; ++p) steps.push_back({{0, p, 1}});
+    guarded("attention one-seq " + c.label(),
+            [&] { compare_attention(cpu(), gpu(), c, steps, "one-seq", c.bf16_inputs ? kTolMat : 2 * kTolMat); });
+  }
+}
+
+// Several sequences in one kv_write_batch + attention_batch call: decode rows (count 1) beside
+// prefill chunks, different lengths, each over its own store (or pages of one pool).
+TEST_F(CudaOps, AttentionBatchMixedDecodeAndPrefill) {
+  for (const AttnConfig& c : attention_configs()) {
+    const auto steps = plan_steps({0, 100, 50, 299, 3, 17}, {1, 1, 37, 1, 16, 5}, 64);
+    guarded("attention mixed-batch " + c.label(),
+            [&] { compare_attention(cpu(), gpu(), c, steps, "mixed-batch", c.bf16_inputs ? kTolMat : 2 * kTolMat); });
+  }
+}
+
+// A decode step of more sequences than one launch may take (the serving batch sizes: 40 here).
+TEST_F(CudaOps, AttentionBatchManyDecodeSequences) {
+  std::mt19937 rng(15);
+  std::vector<int64_t> history, last;
+  for (int s = 0; s < 40; ++s) history.push_back(1 + int64_t(rng() % 200)), last.push_back(1);
+  for (const AttnConfig& c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged},
+                              AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged},
+                              AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}})
+    guarded("attention 40-decode " + c.label(),
+            [&] { compare_attention(cpu(), gpu(), c, plan_steps(history, last, 64), "40-decode", kTolMat); });
+}
+
+// The contract: ops read only the rows of positions in each query's window. Stores start as NaN,
+// so a kernel that reads (even masked) rows of other positions - rows not yet written, rows below
+// the window, pages not in the table - turns its output NaN. Stricter than the other tests,
+// whose stale rows are finite.
+TEST_F(CudaOps, AttentionReadsOnlyTheRowsOfTheWindow) {
+  for (const AttnConfig& c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged},
+                              AttnConfig{8, 2, 256, 0, 0.f, 0.f, Layout::Flat},
+                              AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring},
+                              AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged}}) {
+    const auto steps = plan_steps({0, 100, 50, 299, 3, 17}, {1, 1, 37, 1, 16, 5}, 64);
+    const auto data = step_data(c, steps, 8);
+    const auto ref = run_attention(cpu(), c, steps, data, false, true);
+    const auto got = run_attention(gpu(), c, steps, data, true, true);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      worst = std::max(worst, check("attention over NaN-poisoned stores " + c.label() + " step " + std::to_string(i),
+                                    ref[i], got[i], kTolMat, false));
+    std::printf("[ cuda-op  ] attention over NaN-poisoned stores %s: worst rel %.2e\n", c.label().c_str(), worst);
+  }
+}
+
+// ---------------------------------------------------------------- recorded steps
+
+// A decode step's ops (embed, q/k/v matmuls, norm+rope, kv_write_batch, attention_batch, output
+// matmul, softcap) recorded once and replayed with new staged ids, positions and page tables:
+// every step equals the CPU's unrecorded ops.
+TEST_F(CudaOps, RecordedStepReplaysWithNewStagedInputs) {
+  const bool can_record = gpu().can_record_steps();
+#ifndef MB_CUDA_TEST_SELF_CHECK
+  ASSERT_TRUE(can_record) << "the CUDA backend should record steps";
+#endif
+  std::mt19937 rng(16);
+  const int64_t V = 500, H = 512, nh = 4, nkv = 2, hd = 256, B = 3, max_pos = 64;
+  const Weight table = [&] {
+    const auto f = randn(size_t(V * H), rng, 0.05f);
+    const Tensor src = host_weight(DType::Q8_0, {V, H}, f);
+    return Weight{cpu().prepare_weight(src, DType::Q8_0, Backend::WeightUse::MatmulAndLookup),
+                  gpu().prepare_weight(src, DType::Q8_0, Backend::WeightUse::MatmulAndLookup)};
+  }();
+  const Weight wq = random_weight(cpu(), gpu(), DType::Q4_0, {nh * hd, H}, rng);
+  const Weight wk = random_weight(cpu(), gpu(), DType::Q4_0, {nkv * hd, H}, rng);
+  const Weight wv = random_weight(cpu(), gpu(), DType::BF16, {nkv * hd, H}, rng);
+  const Weight wo = random_weight(cpu(), gpu(), DType::Q4_K, {H, nh * hd}, rng);
+  const auto normw = randn(size_t(hd), rng, 0.3f);
+  const Tensor nc = upload(cpu(), {hd}, normw), ng = upload(gpu(), {hd}, normw);
+  const auto inv = inv_freq_of(hd, hd / 4, 1e4f);
+
+  struct Side {
+    Backend* be;
+    const Weight* w[5];  // table, q, k, v, o: pick .c or .g
+    const Tensor* norm;
+    bool gpu;
+    Tensor pool_k, pool_v, logits;
+    std::vector<mb::KVStore> stores;
+  };
+  // Host arrays: fixed addresses and sizes for the whole run (the staged layout must not move).
+  std::vector<int32_t> ids(B), pos(B);
+  std::vector<std::vector<int32_t>> tables(B, std::vector<int32_t>(size_t(max_pos / kPage)));
+  for (int64_t s = 0; s < B; ++s)
+    for (int64_t p = 0; p < max_pos / kPage; ++p) tables[size_t(s)][size_t(p)] = int32_t(p * B + s);
+  auto make_side = [&](Backend& be, bool is_gpu, const Tensor& norm) {
+    Side sd{&be, {&table, &wq, &wk, &wv, &wo}, &norm, is_gpu, {}, {}, {}, {}};
+    const int64_t pool_rows = B * max_pos;
+    sd.pool_k = be.alloc(be.kv_dtype(), {pool_rows, nkv, hd});
+    sd.pool_v = be.alloc(be.kv_dtype(), {pool_rows, nkv, hd});
+    sd.logits = be.alloc(DType::F32, {B, V});
+    for (int64_t s = 0; s < B; ++s) {
+      mb::KVStore st;
+      st.k = sd.pool_k;
+      st.v = sd.pool_v;
+      st.capacity = pool_rows;
+      st.pages = tables[size_t(s)].data();
+      st.page_size = kPage;
+      st.n_pages = max_pos / kPage;
+      sd.stores.push_back(st);
+    }
+    return sd;
+  };
+  Side cs = make_side(cpu(), false, nc), gs = make_side(gpu(), true, ng);
+  auto W = [](const Side& sd, int i) -> const Tensor& { return sd.gpu ? sd.w[i]->g : sd.w[i]->c; };
+  // The ops of one step, outputs in sd.logits.
+  auto ops = [&](Side& sd) {
+    Backend& be = *sd.be;
+    Tensor x = be.scratch(DType::F32, {B, H});
+    be.embed(W(sd, 0), ids.data(), B, 22.6f, x);
+    Tensor q = be.scratch(DType::F32, {B, nh, hd}), k = be.scratch(DType::F32, {B, nkv, hd}),
+           v = be.scratch(DType::F32, {B, nkv, hd});
+    be.matmuls(x, {&W(sd, 1), &W(sd, 2), &W(sd, 3)}, {&q, &k, &v});
+    be.rms_norm_rope(q, sd.norm, 1e-6f, false, pos.data(), inv.data());
+    be.rms_norm_rope(k, sd.norm, 1e-6f, false, pos.data(), inv.data());
+    std::vector<Backend::AttentionSeq> seqs;
+    for (int64_t s = 0; s < B; ++s) seqs.push_back({&sd.stores[size_t(s)], s, 1, pos.data() + s});
+    be.kv_write_batch(k, v, seqs);
+    Tensor att = be.scratch(DType::F32, {B, nh, hd});
+    mb::AttentionParams ap;
+    ap.scale = 1.f / 16.f;
+    ap.window = 20;
+    be.attention_batch(q, seqs, ap, att);
+    Tensor h = be.scratch(DType::F32, {B, H});
+    be.matmul(att.reshaped({B, nh * hd}), W(sd, 4), h);
+    be.matmul(h, W(sd, 0), sd.logits);  // the tied LM head
+    be.softcap(sd.logits, 30.f);
+  };
+  const uint64_t key = 0xC0DA5EEDull;
+  auto stage = [&](Backend& be) {
+    std::vector<mb::HostArray> a = {{ids.data(), ids.size() * 4, ids.size() * 4},
+                                    {pos.data(), pos.size() * 4, pos.size() * 4}};
+    for (auto& t : tables) a.push_back({t.data(), t.size() * 4, t.size() * 4});
+    be.stage(a);
+  };
+  Unstage unstage(&gpu());
+  int replays = 0, first_replay = -1;
+  for (int step = 0; step < 40; ++step) {
+    for (int64_t s = 0; s < B; ++s) {
+      ids[size_t(s)] = int32_t(rng() % uint32_t(V));
+      pos[size_t(s)] = int32_t(step + 3 * s);  // the sequences at different positions
+    }
+    // Pages wholly below every later query's window are given back (-1), as the runtime does.
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t p = 0; p < max_pos / kPage; ++p)
+        if ((p + 1) * kPage - 1 < pos[size_t(s)] - 20 + 1) tables[size_t(s)][size_t(p)] = -1;
+    stage(cpu());
+    ops(cs);
+    stage(gpu());
+    // As Model::forward does: replay the key's recording, else record (a backend may run a key's
+    // first steps as plain ops before it records one).
+    bool replayed = false;
+    if (step == 0 || !can_record) {
+      ops(gs);  // unrecorded first, as a prefill comes before decode
+    } else if (!(replayed = gpu().replay_step(key))) {
+      EXPECT_LT(first_replay, 0) << "step " << step << ": a key replayed before has no recording now";
+      gpu().begin_recording(key);
+      ops(gs);
+      gpu().end_recording(key);
+    }
+    if (replayed) ++replays, first_replay = first_replay < 0 ? step : first_replay;
+    const char* how = step == 0 || !can_record ? " (unrecorded)" : replayed ? " (replay)" : " (recorded)";
+    check("recorded decode step " + std::to_string(step) + how, download(cpu(), cs.logits), download(gpu(), gs.logits),
+          kTolMat, step < 4 || step == 39);
+  }
+  if (can_record) {
+    EXPECT_GE(first_replay, 1);
+    EXPECT_LE(first_replay, 4) << "no replay within the first steps of one key";
+    std::printf("[ cuda-op  ] recorded decode step: %d of 39 steps replayed, the first at step %d\n", replays,
+                first_replay);
+  }
+  gpu().forget_recordings();
+  EXPECT_FALSE(gpu().replay_step(key)) << "forget_recordings left the recording";
+  EXPECT_EQ(cpu().replay_step(key), false);
+}
+
+}  // namespace
