@@ -80,7 +80,8 @@ class Backend {
   virtual bool can_record_steps() const { return false; }
   // Runs the recording kept under `key`; false when there is none.
   virtual bool replay_step(uint64_t key) { return false; }
-  // Ops between these two are recorded, not run; end_recording keeps the recording and runs it.
+  // Ops between these two are recorded, not run; end_recording keeps the recording and runs it. A
+  // backend may run a key's first steps as plain ops and record a later one.
   virtual void begin_recording(uint64_t key) {}
   virtual void end_recording(uint64_t key) {}
   // Drops every recording (their buffers are about to change).

@@ -226,7 +226,9 @@ class CudaBackend final : public Backend {
   Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
     if (src.device == Device::CUDA) return src;
     MB_CHECK(supports_weight_dtype(src.dtype), "cuda backend: unsupported weight dtype {}", dtype_name(src.dtype));
-    const DType want = gpu_dtype(dtype);
+    DType want = gpu_dtype(dtype);
+    // Rows that are not whole blocks stay bf16, as on the CPU.
+    if (dtype_is_quantized(want) && src.cols() % dtype_block_size(want) != 0) want = DType::BF16;
     // Conversions between dtypes run on the host, through the CPU backend's (tested) converters.
     const Tensor host = src.dtype == want ? src : cpu_->prepare_weight(src, want, WeightUse::Lookup);
     const int64_t cols = host.cols(), rows = host.rows();
