@@ -659,7 +659,10 @@ class CudaBackend final : public Backend {
     if (it != const_cache_.end()) return it->second.f32();
     MB_CHECK(!recording_, "cuda backend: a new constant array while a step is recorded");
     Tensor t = alloc(DType::F32, {std::max<int64_t>(n, 1)});
-    check(cudaMemcpy(t.data, p, size_t(n) * 4, cudaMemcpyHostToDevice), "copying constants");
+    // On the backend's stream, after alloc's clearing of the buffer: a plain cudaMemcpy runs on
+    // the legacy stream, which a non-blocking stream does not wait for, so the clearing could land
+    // after the copy and zero the constants (rotary frequencies: no rotation).
+    check(cudaMemcpyAsync(t.data, p, size_t(n) * 4, cudaMemcpyHostToDevice, st_), "copying constants");
     return const_cache_.emplace(key, t).first->second.f32();
   }
 
