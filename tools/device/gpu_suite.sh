@@ -6,24 +6,28 @@
 # pp512/tg128 and llama-batched-bench's decode of 8, 64 and 128 sequences. It ends with one markdown table (model,
 # dtype, test, markbase t/s, llama.cpp t/s, ratio, each engine's share of the bandwidth floor).
 #
-#   tools/device/gpu_suite.sh --build        # here, on a machine without a GPU (nvcc is enough): build-cuda/
+#   tools/device/gpu_suite.sh --build        # here, on a machine without a GPU (nvcc is enough): build-cuda/carry/
 #   OUT=DIR tools/device/gpu_suite.sh        # there: everything below
 #   tools/device/gpu_suite.sh --fetch-deps   # on a machine with apt: the .deb files into build-devdeps/
 #
-# Binaries: when build-cuda/bin/markbase and build-cuda/tests/markbase_tests exist (PREBUILT=auto, the default; 1
-# insists, 0 always builds) they are used as they are: `--build` makes them here (Release, -DMARKBASE_CUDA=ON,
-# stripped unless STRIP=0) and prints what to carry. Otherwise the script builds them there in build-cuda/ (the
-# 16-core host takes a few minutes of the call). A binary built elsewhere names its source tree by absolute path
-# (the fixtures, the CLI the tests run): when the carried build-cuda/CMakeCache.txt names a path that does not exist
-# there, that path is made a link to this tree. Their shared libraries: cuBLAS from the CUDA toolkit there (found
-# under /usr/local/cuda and the python3 nvidia-* wheels), fmt and cpp-httplib from the carried build-devdeps/ .deb
-# files (unpacked into a private prefix, never into /) when the machine lacks them; the same .deb files serve a
-# build there (nlohmann-json, CLI11, fmt, GoogleTest, cpp-httplib).
+# Binaries (PREBUILT=auto, the default; 1 insists on carried ones, 0 always builds): build-cuda/bin/markbase and
+# build-cuda/tests/markbase_tests when present, else those of a packed carry folder (CARRY_DIR; by default
+# build-cuda/carry/, else .devcarry/): markbase.xz and markbase_tests.xz (or plain), the build's CMakeCache.txt,
+# COMMIT, and lib/ with the shared libraries a bare machine lacks (put first on their LD_LIBRARY_PATH). `--build`
+# makes that folder here: Release, -DMARKBASE_CUDA=ON, stripped (STRIP=0 keeps symbols), xz-compressed (11 and 8
+# MB become ~3 and ~2), and prints what the call would send. Without binaries the script builds build-cuda/ there
+# (the 16-core host takes a few minutes of the call) from the .deb files of build-devdeps/ where packages are
+# missing (nlohmann-json, CLI11, fmt, GoogleTest, cpp-httplib; unpacked into a private prefix, never into /), which
+# also serve carried binaries that miss a library. A binary built elsewhere names its source tree by absolute path
+# (the fixtures, the CLI the tests run): when the carried CMakeCache.txt names a path that does not exist there,
+# that path is made a link to this tree. cuBLAS comes from the CUDA toolkit there (/usr/local/cuda, python3's
+# nvidia-* wheels). The Gemma 4 tokenizer that `--save` writes into the models: TOKENIZER, else shared/ (or
+# ../shared), else tok.xz in the carry folder.
 # llama.cpp: llama-bench and llama-batched-bench with their .so files from LLAMA_CUDA_DIR (default build-peer-cuda/,
 # made by `PEER_CUDA=1 tools/peer/build_llama_cpp.sh` and carried; the folder may instead hold one .tar.xz/.tar.gz/
 # .tar.zst/.tar of them, unpacked to /tmp). Without them the table has markbase's figures alone.
-# A call carries, with the working tree (64 MiB in all, shared/ included):
-#   carry: build-cuda/bin build-cuda/tests/markbase_tests build-cuda/CMakeCache.txt build-devdeps build-peer-cuda
+# A call carries, with the working tree (64 MiB in all, shared/ included: ~47 MiB before any carry here):
+#   carry: build-cuda/carry build-peer-cuda        (plus build-devdeps to build there instead)
 #
 # Time: everything is time-boxed (`timeout`) within BUDGET seconds of wall time (default 510: the call's 10 minutes
 # less the start and the transfers); a step that would start with too little left is skipped and says so. The
@@ -35,7 +39,7 @@
 #
 # Env:
 #   OUT (default /tmp/gpu-suite); BUDGET (510 s); JOBS (build jobs, nproc); PREBUILT (auto|1|0); BUILD_DIR
-#   (build-cuda); LLAMA_CUDA_DIR.
+#   (build-cuda); CARRY_DIR; TOKENIZER; LLAMA_CUDA_DIR.
 #   SKIP_TESTS=1, SKIP_HOST_TESTS=1, SKIP_SANITIZER=1, SKIP_BENCH=1: leave those steps out (a full run with BIG=1
 #     takes two calls: SKIP_BENCH=1, then SKIP_TESTS=1 SKIP_SANITIZER=1 BIG=1).
 #   CUDA_TEST_TIMEOUT (300), HOST_TEST_TIMEOUT (360), SANITIZER_TIMEOUT (90 per tool), BENCH_TIMEOUT (180 per command).
@@ -87,15 +91,36 @@ case ${1:-} in
     [[ ${STRIP:-1} == 1 ]] && strip --strip-unneeded "$build/bin/markbase" "$build/tests/markbase_tests"
     echo "built in $((SECONDS - t)) s"
     ls -l "$build/bin/markbase" "$build/tests/markbase_tests"
+    # The packed carry folder: the binaries xz-compressed (a third of their size), the CMakeCache.txt that names
+    # the source path, the commit, and the shared libraries they load that a bare Ubuntu lacks (fmt, cpp-httplib,
+    # brotli; glibc, libstdc++, OpenSSL and zlib are there, cuBLAS comes with the CUDA toolkit).
+    pack=${CARRY_DIR:-$build/carry}
+    rm -rf "$pack" && mkdir -p "$pack/lib"
+    xz -T0 -6 -c "$build/bin/markbase" >"$pack/markbase.xz"
+    xz -T0 -6 -c "$build/tests/markbase_tests" >"$pack/markbase_tests.xz"
+    cp "$build/CMakeCache.txt" "$pack/"
+    dirty=""
+    [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && dirty=" (with uncommitted changes)"
+    echo "$(git rev-parse HEAD 2>/dev/null || echo unknown)$dirty" >"$pack/COMMIT"
+    ldd "$build/bin/markbase" "$build/tests/markbase_tests" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+      while read -r name path; do
+        case $name in
+          libc.so*|libm.so*|libstdc++*|libgcc_s*|libpthread*|libdl.so*|librt.so*|ld-linux*|libssl.so*|libcrypto.so*|\
+          libz.so*|libcublas*|libcudart*) ;;
+          *) cp -L "$path" "$pack/lib/$name" ;;
+        esac
+      done
     # What a device call sends: tracked and untracked-not-ignored files, shared/, and the carried paths.
-    carry=(build-cuda/bin build-cuda/tests/markbase_tests build-cuda/CMakeCache.txt build-devdeps build-peer-cuda)
+    rel=${pack#"$root"/}
+    carry=("$rel" build-peer-cuda)
     tree=$( (git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 |
              cut -f 1; [[ -d shared ]] && du -sb shared | cut -f 1; for c in "${carry[@]}"; do
              [[ -e $c ]] && du -sb "$c" | cut -f 1; done) | awk '{s += $1} END {print s}')
     echo "carry: ${carry[*]}"
     for c in "${carry[@]}"; do [[ -e $c ]] && du -sh "$c" || echo "  ($c: absent)"; done
+    ls -l "$pack" "$pack/lib"
     awk -v b="$tree" 'BEGIN {printf "the call would send %.1f MiB of the 64 MiB allowed\n", b / 1048576;
-                             if (b > 64 * 1048576) print "TOO LARGE: carry less (llama.cpp as a .tar.xz, say)"}'
+                             if (b > 64 * 1048576) print "TOO LARGE: carry less"}'
     exit 0 ;;
   ""|run) ;;
   *) echo "usage: OUT=DIR $0 | $0 --build | $0 --fetch-deps" >&2; exit 2 ;;
@@ -160,7 +185,11 @@ run_step() {
 
 say "# markbase CUDA suite"
 say ""
-say "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(device_commit "$root")"
+commit=$(device_commit "$root")
+for c in "${CARRY_DIR:-$build/carry}/COMMIT" "$root/.devcarry/COMMIT"; do
+  if [[ ! -f $root/COMMIT && -f $c ]]; then commit="$(head -n 1 "$c") (from $c)"; break; fi
+done
+say "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $commit"
 say "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1); $(nproc) CPUs; kernel $(uname -r)"
 
 # ---------------------------------------------------------------- the GPU
@@ -175,7 +204,7 @@ say "gpu: $gpu; nvcc: $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.
 
 # ---------------------------------------------------------------- shared data, libraries, binaries
 if [[ ! -e $root/../shared && -d $root/shared ]]; then ln -s "$root/shared" "$root/../shared" 2>/dev/null; fi
-tokenizer=$root/shared/data/tokenizer/gemma4-tokenizer.json
+tokenizer=${TOKENIZER:-$root/shared/data/tokenizer/gemma4-tokenizer.json}
 [[ -f $tokenizer ]] || tokenizer=$root/../shared/data/tokenizer/gemma4-tokenizer.json
 
 # cuBLAS and the CUDA runtime: the toolkit's folders and python3's nvidia-* wheels.
@@ -200,22 +229,54 @@ unpack_deps() {  # the carried .deb files into a private prefix; their libraries
 }
 mbrun() { env LD_LIBRARY_PATH="$mb_ld" "$@"; }
 
-markbase=$build/bin/markbase
-tests=$build/tests/markbase_tests
+# A packed carry folder (`--build` writes build-cuda/carry; .devcarry/ holds the same by hand): the binaries
+# xz-compressed, the build's CMakeCache.txt, COMMIT, lib/ with the shared libraries a bare machine lacks.
+carry_dir=${CARRY_DIR:-}
+if [[ -z $carry_dir ]]; then
+  for d in "$build/carry" "$root/.devcarry"; do [[ -d $d ]] && { carry_dir=$d; break; }; done
+fi
+unxz_to() {  # SRC DST: xz, or python's lzma where xz is missing
+  if command -v xz >/dev/null; then xz -dc "$1" >"$2"
+  else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; fi
+}
+find_binary() {  # NAME BUILD_PATH -> a runnable path, or nothing
+  local name=$1 plain=$2
+  if [[ -x $plain ]]; then echo "$plain"; return; fi
+  [[ -n $carry_dir ]] || return 0
+  if [[ -x $carry_dir/$name ]]; then echo "$carry_dir/$name"; return; fi
+  if [[ -f $carry_dir/$name.xz ]]; then
+    mkdir -p /tmp/gpu-suite-bin && unxz_to "$carry_dir/$name.xz" "/tmp/gpu-suite-bin/$name" &&
+      chmod +x "/tmp/gpu-suite-bin/$name" && echo "/tmp/gpu-suite-bin/$name"
+  fi
+}
 prebuilt=${PREBUILT:-auto}
-if [[ $prebuilt == auto ]]; then
-  prebuilt=0
-  [[ -x $markbase && -x $tests ]] && prebuilt=1
+markbase="" tests=""
+if [[ $prebuilt != 0 ]]; then
+  markbase=$(find_binary markbase "$build/bin/markbase")
+  tests=$(find_binary markbase_tests "$build/tests/markbase_tests")
+  if [[ -n $markbase && -n $tests ]]; then prebuilt=1
+  elif [[ $prebuilt == 1 ]]; then say "PREBUILT=1 but no markbase and markbase_tests in $build or ${carry_dir:-a carry folder}"; exit 2
+  else prebuilt=0; fi
+fi
+if [[ ! -f $tokenizer && -n $carry_dir ]]; then  # shared/ left behind: a compressed copy in the carry folder
+  for t in "$carry_dir/tok.xz" "$carry_dir/gemma4-tokenizer.json.xz"; do
+    [[ -f $t ]] && unxz_to "$t" /tmp/gemma4-tokenizer.json && tokenizer=/tmp/gemma4-tokenizer.json && break
+  done
 fi
 if [[ $prebuilt == 1 ]]; then
-  [[ -x $markbase && -x $tests ]] || { say "PREBUILT=1 but $markbase or $tests is missing"; exit 2; }
-  say "binaries: carried (build-cuda/), $(du -h "$markbase" | cut -f 1) and $(du -h "$tests" | cut -f 1)"
+  say "binaries: carried, $markbase ($(du -h "$markbase" | cut -f 1)) and $tests ($(du -h "$tests" | cut -f 1))"
+  if [[ -n $carry_dir && -d $carry_dir/lib ]]; then
+    mb_ld=$carry_dir/lib:$mb_ld
+    say "libraries: $carry_dir/lib ($(find "$carry_dir/lib" -name '*.so*' | wc -l) files)"
+  fi
   # The source tree the binaries were built in (fixture paths and the CLI's path are compiled in).
-  src_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  cache=$build/CMakeCache.txt
+  [[ -f $cache || -z $carry_dir ]] || cache=$carry_dir/CMakeCache.txt
+  src_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache" 2>/dev/null)
   if [[ -n $src_dir && $src_dir != "$root" && ! -e $src_dir ]]; then
     mkdir -p "$(dirname "$src_dir")" && ln -s "$root" "$src_dir" && say "source path: $src_dir -> $root (a link)"
   elif [[ -z $src_dir ]]; then
-    say "note: no build-cuda/CMakeCache.txt carried; tests that read fixtures need the tree at the path it was built in"
+    say "note: no CMakeCache.txt carried; tests that read fixtures need the tree at the path it was built in"
   fi
   if mbrun ldd "$markbase" "$tests" | grep -q "not found"; then
     unpack_deps || true
@@ -239,6 +300,8 @@ else
     exit 2
   fi
   say "built in $(awk -F '\t' '$1 == "build" {print $2}' "$work/steps.tsv") s"
+  markbase=$build/bin/markbase
+  tests=$build/tests/markbase_tests
 fi
 mbrun "$markbase" --version 2>&1 | head -n 1 | sed 's/^/markbase: /' | tee -a "$md"
 
