@@ -185,12 +185,19 @@ class CudaBackend final : public Backend {
     return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
   }
 
-  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+  // A tensor on this GPU (no memory yet) and the bytes it needs (at least 16).
+  static Tensor device_tensor(DType dtype, std::vector<int64_t> shape, size_t& bytes) {
     Tensor t;
     t.dtype = dtype;
     t.shape = std::move(shape);
     t.device = Device::CUDA;
-    const size_t bytes = std::max<size_t>(t.nbytes(), 16);
+    bytes = std::max<size_t>(t.nbytes(), 16);
+    return t;
+  }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override {
+    size_t bytes = 0;
+    Tensor t = device_tensor(dtype, std::move(shape), bytes);
     void* p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
       cudaGetLastError();
@@ -211,11 +218,8 @@ class CudaBackend final : public Backend {
   }
 
   Tensor scratch(DType dtype, std::vector<int64_t> shape) override {
-    Tensor t;
-    t.dtype = dtype;
-    t.shape = std::move(shape);
-    t.device = Device::CUDA;
-    const size_t bytes = std::max<size_t>(t.nbytes(), 16);
+    size_t bytes = 0;
+    Tensor t = device_tensor(dtype, std::move(shape), bytes);
     void* p = pool_->take(bytes);
     t.data = p;
     std::shared_ptr<ScratchPool> pool = pool_;

@@ -44,6 +44,30 @@ __device__ __forceinline__ float block_sum(float v, float* smem32) {
   return warp_sum(v);
 }
 
+// The 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K super-block's 12 scale bytes (ggml's
+// get_scale_min_k4).
+__device__ __forceinline__ void q4k_scale_min(const uint8_t* sc, int sub, int& s, int& m) {
+  if (sub < 4) {
+    s = sc[sub] & 63;
+    m = sc[sub + 4] & 63;
+  } else {
+    s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+    m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+  }
+}
+
+// 1 / sqrt(mean(r²) + eps) of a row, every thread of the block getting it.
+__device__ __forceinline__ float row_inv_rms(const float* r, int64_t cols, float eps, float* smem32) {
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += r[c] * r[c];
+  ss = block_sum(ss, smem32);
+  return rsqrtf(ss / float(cols) + eps);
+}
+// A norm's weight factor: w, 1 + w (Gemma 3), or 1 without a weight.
+__device__ __forceinline__ float norm_factor(const float* w, int64_t c, int add_one) {
+  return w ? (add_one ? 1.f + w[c] : w[c]) : 1.f;
+}
+
 // One weight element as f32 (lookups and conversions; matmuls use the wide paths).
 __device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_t c) {
   switch (w.type) {
@@ -68,13 +92,7 @@ __device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_
       const uint8_t* sc = blk + 4;
       const int sub = int(e / 32);  // sub-block 0..7
       int s, m;
-      if (sub < 4) {
-        s = sc[sub] & 63;
-        m = sc[sub + 4] & 63;
-      } else {
-        s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-      }
+      q4k_scale_min(sc, sub, s, m);
       const uint8_t byte = blk[16 + (sub / 2) * 32 + e % 32];
       const int q = (sub % 2 == 0) ? (byte & 15) : (byte >> 4);
       return d * float(s) * float(q) - dmin * float(m);

@@ -39,6 +39,21 @@ __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
   }
 }
 
+// A lane's share of one head's row: elements c * 256 + lane * 8 + [0, 8) of each chunk c (zeros past hd).
+template <int C>
+__device__ __forceinline__ void load_row(const uint16_t* row, int64_t hd, int lane, float (&f)[C][8]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int64_t e = c * 256 + lane * 8;
+    if (e < hd) {
+      load8(row + e, f[c]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) f[c][t] = 0.f;
+    }
+  }
+}
+
 // C: 256-element chunks of a head (1 or 2); GH: query heads per block.
 template <int C, int GH>
 __global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S,
@@ -79,14 +94,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, Attn
   for (int64_t key = kb + warp; key < ke; key += kAttnWarps) {
     const int64_t base = (kv_slot(s, key) * a.n_kv + g) * hd;
     float kf[C][8];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int64_t e = c * 256 + lane * 8;
-      if (e < hd) load8(K + base + e, kf[c]);
-      else
-#pragma unroll
-        for (int t = 0; t < 8; ++t) kf[c][t] = 0.f;
-    }
+    load_row<C>(K + base, hd, lane, kf);
     float sc[GH];
 #pragma unroll
     for (int i = 0; i < GH; ++i) {
@@ -100,14 +108,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, Attn
       sc[i] = d;
     }
     float vf[C][8];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int64_t e = c * 256 + lane * 8;
-      if (e < hd) load8(V + base + e, vf[c]);
-      else
-#pragma unroll
-        for (int t = 0; t < 8; ++t) vf[c][t] = 0.f;
-    }
+    load_row<C>(V + base, hd, lane, vf);
 #pragma unroll
     for (int i = 0; i < GH; ++i) {
       const float mn = fmaxf(m[i], sc[i]);

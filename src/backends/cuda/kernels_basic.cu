@@ -24,15 +24,8 @@ __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_on
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
-  float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = xr[c] * inv;
-    if (w) v *= add_one ? 1.f + w[c] : w[c];
-    yr[c] = v;
-  }
+  const float inv = row_inv_rms(xr, cols, eps, red);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * norm_factor(w, c, add_one);
 }
 
 // One block per (token, head): optional RMS norm of the head, then the half-split rotation.
@@ -81,14 +74,9 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
   const float* b = br + blockIdx.x * cols;
-  float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += b[c] * b[c];
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(cols) + eps);
+  const float inv = row_inv_rms(b, cols, eps, red);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = b[c] * inv;
-    if (w) v *= add_one ? 1.f + w[c] : w[c];
-    float r = xr[c] + v;
+    float r = xr[c] + b[c] * inv * norm_factor(w, c, add_one);
     if (scale != 1.f) r *= scale;
     xr[c] = r;
   }
@@ -101,26 +89,15 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
   float* xr = x + blockIdx.x * cols;
   const float* b = br + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
-  float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += b[c] * b[c];
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(cols) + eps);
-  float ss2 = 0.f;
+  const float inv = row_inv_rms(b, cols, eps, red);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = b[c] * inv;
-    if (w) v *= add_one ? 1.f + w[c] : w[c];
-    float r = xr[c] + v;
+    float r = xr[c] + b[c] * inv * norm_factor(w, c, add_one);
     if (scale != 1.f) r *= scale;
     xr[c] = r;
-    ss2 += r * r;
   }
-  ss2 = block_sum(ss2, red);
-  const float inv2 = rsqrtf(ss2 / float(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float v = xr[c] * inv2;
-    if (w2) v *= add_one ? 1.f + w2[c] : w2[c];
-    yr[c] = v;
-  }
+  // Each thread reads back only the elements it wrote.
+  const float inv2 = row_inv_rms(xr, cols, eps, red);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv2 * norm_factor(w2, c, add_one);
 }
 
 __global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {

@@ -138,15 +138,8 @@ template <int NX> struct Unit<WType::Q4_K, NX> {
     float scale[2], mins[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int sub = 2 * pair + h;
       int s, m;
-      if (sub < 4) {
-        s = sc[sub] & 63;
-        m = sc[sub + 4] & 63;
-      } else {
-        s = (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-        m = (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-      }
+      q4k_scale_min(sc, 2 * pair + h, s, m);
       scale[h] = d * float(s);
       mins[h] = dmin * float(m);
     }
