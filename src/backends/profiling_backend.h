@@ -16,7 +16,7 @@
 
 namespace mb {
 
-class ProfilingBackend final : public Backend {
+class ProfilingBackend : public Backend {
  public:
   explicit ProfilingBackend(Backend& inner) : in_(inner) {}
 
