@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/backend.h"
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/printable.h"
@@ -351,7 +352,7 @@ TEST(EngineRequest, APromptOfUpToTheContextFitsAndFillingItIsReported) {
 
 TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
   const std::string m = " -m " + mbtest::fixture("e2b_like");
-  const std::vector<std::pair<std::string, std::string>> cases = {
+  std::vector<std::pair<std::string, std::string>> cases = {
       {"generate -p hi -n -1" + m, "-n/--n-predict: expected a whole number from 0 to 2147483647, got '-1'"},
       {"generate -p hi -n abc" + m, "-n/--n-predict: expected a whole number from 0 to 2147483647, got 'abc'"},
       {"generate -p hi -n 1.5" + m, "got '1.5'"},
@@ -377,7 +378,8 @@ TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
       {"bench --synthetic tiny --batch 1,x", "--batch: 'x' is not a whole number from 0 to 2147483647"},
       {"bench --synthetic tiny --threads 99999", "--threads: expected a whole number from 0 to 4096"},
       // Unknown options are named as such (CLI11 alone reads -ngl as -n gl), with a hint.
-      {"generate -p hi -ngl 99" + m, "unknown option '-ngl' for markbase generate: MarkBase runs on the CPU"},
+      {"generate -p hi -ngl 99" + m, "unknown option '-ngl' for markbase generate: MarkBase runs the whole model on "
+                                     "one device: --device cuda"},
       {"generate -p hi --n-gpu-layers 99" + m, "unknown option '--n-gpu-layers'"},
       {"generate -p hi -t 4" + m, "unknown option '-t' for markbase generate: llama.cpp's -t is --threads here"},
       {"generate -p hi --temp 0.5" + m, "llama.cpp's --temp is --temperature here"},
@@ -395,6 +397,11 @@ TEST(CliFlags, ErrorsSayWhatIsWrongAndWhatIsAllowedAndExit1) {
       {"", "give a subcommand: generate, logits, info, tokenize, bench, quantize"},
       {m + " generate -p hi", "unknown option '-m' before the subcommand"},
   };
+  if (!mb::cuda_device_available()) {
+    // Without a GPU (CI's machines), or in a build without CUDA, --device cuda is a clear error.
+    cases.push_back({"generate --tokens 2,3 -n 1 --device cuda" + m, "device 'cuda': "});
+    cases.push_back({"bench --synthetic tiny --device cuda --pp 4 --tg 0", "device 'cuda': "});
+  }
   for (const auto& [args, expected] : cases) {
     const auto r = mbtest::run_cli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.out;

@@ -146,7 +146,7 @@ struct LlamaFlags {
 };
 constexpr LlamaFlags kLlamaFlags[] = {
     {"-ngl --n-gpu-layers --gpu-layers", nullptr,
-     "MarkBase runs on the CPU for now: there are no GPU layers to offload"},
+     "MarkBase runs the whole model on one device: --device cuda puts every layer on the GPU"},
     {"-t -tb --threads-batch", "--threads", nullptr},
     {"--temp", "--temperature", nullptr},
     {"-s", "--seed", nullptr},
