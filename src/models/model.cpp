@@ -35,7 +35,7 @@ StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg,
     mix(key, uint64_t(s.kv_slot));
     mix(key, uint64_t(s.begin));
     mix(key, uint64_t(s.count));
-    const int32_t* last = nullptr;
+    const size_t first_table = in.arrays.size();  // this sequence's tables start here
     for (int l = 0; l < cfg.n_layers; ++l) {
       if (cfg.layers[size_t(l)].kv_source != l) continue;
       const KVStore& st = kv.store(s.kv_slot, l);
@@ -43,16 +43,15 @@ StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg,
       mix(key, uint64_t(reinterpret_cast<uintptr_t>(st.v.data)));
       mix(key, uint64_t(st.capacity) << 1 | uint64_t(st.ring));
       mix(key, uint64_t(st.page_size));
-      if (st.pages && st.pages != last) {
-        // Seen before for this sequence (layers of one group share a table): already staged.
+      if (st.pages) {
+        // Layers of one group share a table: stage it once (a sequence has one per group).
         bool seen = false;
-        for (const HostArray& a : in.arrays) seen = seen || a.data == st.pages;
+        for (size_t i = first_table; i < in.arrays.size(); ++i) seen = seen || in.arrays[i].data == st.pages;
         if (!seen) {
           const int64_t room = (kv.max_context() + st.page_size - 1) / st.page_size;
           in.arrays.push_back({st.pages, size_t(st.n_pages) * sizeof(int32_t),
                                size_t(std::max(room, st.n_pages)) * sizeof(int32_t)});
         }
-        last = st.pages;
       }
       mix(key, st.pages ? 1 : 0);
     }

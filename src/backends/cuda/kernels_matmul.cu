@@ -6,9 +6,6 @@
 // Layout: a warp per weight row; its lanes walk the row in units (8 elements of F32/BF16, a
 // 32-element block of Q8_0/Q4_0, a 64-element half of a Q4_K sub-block pair), each unit one or two
 // 16-byte loads; the block types take int8 activations (QuantX) and __dp4a dot products.
-#include <algorithm>
-#include <cstdlib>
-
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 
@@ -180,10 +177,6 @@ struct MultiArgs {
   int glu = 0;
 };
 
-template <WType T>
-__device__ __forceinline__ bool quantized_type() {
-  return T == WType::Q8_0 || T == WType::Q4_0 || T == WType::Q4_K;
-}
 
 // Kernel parameters indexed at run time would be copied to local memory: select with constants.
 __device__ __forceinline__ const GpuWeight& pick_w(const MultiArgs& a, int i) {
@@ -303,17 +296,17 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
-template <WType T, int NX> void launch_multi(const MultiArgs& a, size_t smem, cudaStream_t st) {
+template <WType T, int NX> void launch_multi(const MultiArgs& a, cudaStream_t st) {
   const int64_t per_block = int64_t(kWarps) * kRows;
   const unsigned grid = unsigned((a.total_rows + per_block - 1) / per_block);
   k_gemv_multi<T, NX><<<grid, kWarps * 32, 0, st>>>(a);
 }
 
-template <WType T> void launch_multi_nx(const MultiArgs& a, size_t smem, cudaStream_t st) {
-  if (a.n == 1) launch_multi<T, 1>(a, smem, st);
-  else if (a.n == 2) launch_multi<T, 2>(a, smem, st);
-  else if (a.n <= 4) launch_multi<T, 4>(a, smem, st);
-  else launch_multi<T, 8>(a, smem, st);
+template <WType T> void launch_multi_nx(const MultiArgs& a, cudaStream_t st) {
+  if (a.n == 1) launch_multi<T, 1>(a, st);
+  else if (a.n == 2) launch_multi<T, 2>(a, st);
+  else if (a.n <= 4) launch_multi<T, 4>(a, st);
+  else launch_multi<T, 8>(a, st);
 }
 
 }  // namespace
@@ -337,7 +330,6 @@ void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const f
     }
     if (glu) a.total_rows = ws[0].rows;
     a.x = x ? x + j0 * k : nullptr;
-    const size_t smem = 0;
     if (xq && xq->q) {
       a.xq = *xq;
       a.xq.q += j0 * k;
@@ -345,11 +337,11 @@ void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const f
       a.xq.s += j0 * (k / 32);
     }
     switch (t) {
-      case WType::F32: launch_multi_nx<WType::F32>(a, smem, st); break;
-      case WType::BF16: launch_multi_nx<WType::BF16>(a, smem, st); break;
-      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, smem, st); break;
-      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, smem, st); break;
-      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, smem, st); break;
+      case WType::F32: launch_multi_nx<WType::F32>(a, st); break;
+      case WType::BF16: launch_multi_nx<WType::BF16>(a, st); break;
+      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, st); break;
+      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, st); break;
+      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, st); break;
     }
   }
   check_launch("gemv");
