@@ -670,7 +670,8 @@ TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
   for (DType dt : weight_dtypes()) guarded("matmul_gelu_mul/gated_ffn " + dname(dt), [&] {
     const Weight gate = random_weight(cpu(), gpu(), dt, {F, H}, rng), up = random_weight(cpu(), gpu(), dt, {F, H}, rng);
     const Weight down = random_weight(cpu(), gpu(), dt, {H, F}, rng);
-    RowReport r1{"matmul_gelu_mul " + dname(dt) + " H=768 F=2048"}, r2{"gated_ffn " + dname(dt) + " H=768 F=2048"};
+    RowReport r1{"matmul_gelu_mul " + dname(dt) + " H=768 F=2048"}, r2{"gated_ffn " + dname(dt) + " H=768 F=2048"},
+        r3{"matmul_gelu_times " + dname(dt) + " H=768 F=2048"};
     for (int64_t n : {1, 2, 8, 16, 64, 300}) {
       const auto x = randn(size_t(n * H), rng);
       const Tensor xc = upload(cpu(), {n, H}, x), xg = upload(gpu(), {n, H}, x);
@@ -683,9 +684,17 @@ TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
       cpu().gated_ffn(xc, gate.c, up.c, down.c, oc);
       gpu().gated_ffn(xg, gate.g, up.g, down.g, og);
       r2.add(n, check(mm_label("gated_ffn", dt, n, H, F), download(cpu(), oc), download(gpu(), og), kTolMat, false));
+      const auto m = randn(size_t(n * F), rng);
+      const Tensor mc = upload(cpu(), {n, F}, m), mg = upload(gpu(), {n, F}, m);
+      Tensor tc = poisoned(cpu(), {n, F}), tg = poisoned(gpu(), {n, F});
+      cpu().matmul_gelu_times(xc, gate.c, mc, tc);
+      gpu().matmul_gelu_times(xg, gate.g, mg, tg);
+      r3.add(n, check(mm_label("matmul_gelu_times", dt, n, H, F), download(cpu(), tc), download(gpu(), tg), kTolMat,
+                      false));
     }
     r1.print(kTolMat);
     r2.print(kTolMat);
+    r3.print(kTolMat);
   });
 }
 
@@ -763,11 +772,15 @@ struct AttnConfig {
   float scale;  // 0: 1/sqrt(hd)
   Layout layout;
   bool bf16_inputs = true;  // q/k/v values bf16 already, so a bf16 KV store holds them exactly
+  // Q/K/V through attention_inputs (head norms, rotary, V norm, KV write in one op) instead of
+  // kv_write/kv_write_batch.
+  bool fused_inputs = false;
   std::string label() const {
-    char b[160];
-    std::snprintf(b, sizeof b, "hd=%lld heads=%lld/%lld window=%d softcap=%g scale=%s %s%s",
+    char b[180];
+    std::snprintf(b, sizeof b, "hd=%lld heads=%lld/%lld window=%d softcap=%g scale=%s %s%s%s",
                   static_cast<long long>(hd), static_cast<long long>(nh), static_cast<long long>(nkv), window,
-                  softcap, scale == 0 ? "1/sqrt(hd)" : "1", layout_name(layout), bf16_inputs ? "" : " f32-inputs");
+                  softcap, scale == 0 ? "1/sqrt(hd)" : "1", layout_name(layout), bf16_inputs ? "" : " f32-inputs",
+                  fused_inputs ? " attention_inputs" : "");
     return b;
   }
 };
@@ -891,6 +904,17 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
     }
   }
 
+  // attention_inputs' norm weights and rotary (a partial rotation, as Gemma 4's full layers).
+  std::vector<float> qn(size_t(c.hd)), kn(size_t(c.hd));
+  for (int64_t i = 0; i < c.hd; ++i) qn[size_t(i)] = 0.5f + 0.01f * float(i % 17), kn[size_t(i)] = 1.5f - 0.02f * float(i % 13);
+  const Tensor q_norm = upload(be, {c.hd}, qn), k_norm = upload(be, {c.hd}, kn);
+  const std::vector<float> inv_freq = inv_freq_of(c.hd, c.hd / 4, 1e4f);
+  Backend::AttentionInputs in;
+  in.q_norm = &q_norm;
+  in.k_norm = &k_norm;
+  in.v_norm = true;
+  in.inv_freq = inv_freq.data();
+
   mb::AttentionParams ap;
   ap.scale = c.scale == 0 ? 1.f / std::sqrt(float(c.hd)) : c.scale;
   ap.window = c.window;
@@ -926,10 +950,14 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
       unstage.emplace(&be);
     }
     const StepData& d = data[si];
-    const Tensor q = upload(be, {rows, c.nh, c.hd}, d.q);
-    const Tensor k = upload(be, {rows, c.nkv, c.hd}, d.k), v = upload(be, {rows, c.nkv, c.hd}, d.v);
+    Tensor q = upload(be, {rows, c.nh, c.hd}, d.q);
+    Tensor k = upload(be, {rows, c.nkv, c.hd}, d.k), v = upload(be, {rows, c.nkv, c.hd}, d.v);
     Tensor out = poisoned(be, {rows, c.nh, c.hd});
-    if (st.size() == 1) {
+    if (c.fused_inputs) {
+      in.pos = positions.data();
+      be.attention_inputs(q, &k, &v, in, seqs);
+      be.attention_batch(q, seqs, ap, out);
+    } else if (st.size() == 1) {
       be.kv_write(stores[size_t(st[0].seq)], k, v, positions.data());
       be.attention(q, stores[size_t(st[0].seq)], positions.data(), ap, out);
     } else {
@@ -1031,6 +1059,26 @@ TEST_F(CudaOps, AttentionBatchManyDecodeSequences) {
                               AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}})
     guarded("attention 40-decode " + c.label(),
             [&] { compare_attention(cpu(), gpu(), c, plan_steps(history, last, 64), "40-decode", kTolMat); });
+}
+
+// attention_inputs (head norms, rotary, V norm and the KV write in one op) before attention, one
+// sequence and batches of more sequences than one launch takes.
+TEST_F(CudaOps, AttentionInputsThenAttention) {
+  std::mt19937 rng(16);
+  std::vector<int64_t> history, last;
+  for (int s = 0; s < 40; ++s) history.push_back(1 + int64_t(rng() % 120)), last.push_back(1 + (s % 7 == 0 ? 3 : 0));
+  for (AttnConfig c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged}, AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged},
+                       AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}, AttnConfig{4, 2, 64, 0, 0.f, 0.f, Layout::Flat},
+                       AttnConfig{4, 2, 16, 8, 0.f, 0.f, Layout::Ring}}) {
+    c.fused_inputs = true;
+    c.bf16_inputs = false;
+    guarded("attention_inputs one-seq " + c.label(), [&] {
+      compare_attention(cpu(), gpu(), c, {{{0, 0, 100}}, {{0, 100, 1}}, {{0, 101, 1}}}, "inputs-one", 2 * kTolMat);
+    });
+    guarded("attention_inputs 40-seq " + c.label(), [&] {
+      compare_attention(cpu(), gpu(), c, plan_steps(history, last, 64), "inputs-40", 2 * kTolMat);
+    });
+  }
 }
 
 // The contract: ops read only the rows of positions in each query's window. Stores start as NaN,

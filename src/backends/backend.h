@@ -109,6 +109,12 @@ class Backend {
     matmuls(x, {&w_gate, &w_up}, {&out, &up});
     gelu_tanh_mul(out, up, out);
   }
+  // out = gelu_tanh(x · wᵀ) * m: a projection gated by a given tensor m (Gemma 4's per-layer
+  // input gate), which a backend may finish as it computes each output.
+  virtual void matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) {
+    matmul(x, w, out);
+    gelu_tanh_mul(out, m, out);
+  }
   // out = (gelu_tanh(x · w_gateᵀ) * (x · w_upᵀ)) · w_downᵀ: a whole gated FFN, which a backend may
   // run without handing the [n, F] activation through memory in floats. out must not alias x.
   virtual void gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down, Tensor& out) {
@@ -163,6 +169,30 @@ class Backend {
   virtual void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) {
     for (const AttentionSeq& s : seqs)
       kv_write(const_cast<KVStore&>(*s.kv), k.slice_rows(s.begin, s.count), v.slice_rows(s.begin, s.count), s.pos);
+  }
+  // A layer's attention inputs after their projections, in place: each head of q [n, n_heads, hd]
+  // and k [n, n_kv, hd] gets rms_norm_rope (weights q_norm, k_norm), each head of v an RMS norm
+  // without weight when v_norm; then k and v go to the sequences' stores (kv_write_batch). k and v
+  // null: q alone (a layer that reads another layer's KV).
+  struct AttentionInputs {
+    const Tensor* q_norm = nullptr;
+    const Tensor* k_norm = nullptr;
+    bool v_norm = false;
+    float eps = 1e-6f;
+    bool add_one = false;
+    const int32_t* pos = nullptr;
+    const float* inv_freq = nullptr;
+  };
+  virtual void attention_inputs(Tensor& q, Tensor* k, Tensor* v, const AttentionInputs& p,
+                                const std::vector<AttentionSeq>& writes) {
+    rms_norm_rope(q, p.q_norm, p.eps, p.add_one, p.pos, p.inv_freq);
+    if (!k) return;
+    rms_norm_rope(*k, p.k_norm, p.eps, p.add_one, p.pos, p.inv_freq);
+    if (p.v_norm) {
+      Tensor rows = v->reshaped({v->dim(0) * v->dim(1), v->dim(2)});
+      rms_norm(rows, nullptr, p.eps, false, rows);
+    }
+    kv_write_batch(*k, *v, writes);
   }
   // Causal attention of q [n, n_heads, hd] (positions pos[n]) over every key at positions <= pos
   // (within the window) already written to kv; grouped heads: head h reads KV head h / (n_heads/n_kv).

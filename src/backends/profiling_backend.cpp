@@ -92,6 +92,13 @@ void ProfilingBackend::add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor
                                          float scale, const Tensor* w_next, Tensor& y) {
   timed("add_rms_norm_norm", [&] { in_.add_rms_norm_norm(x, branch, w, eps, add_one, scale, w_next, y); });
 }
+void ProfilingBackend::matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) {
+  timed("matmul_gelu_times", [&] { in_.matmul_gelu_times(x, w, m, out); });
+}
+void ProfilingBackend::attention_inputs(Tensor& q, Tensor* k, Tensor* v, const AttentionInputs& p,
+                                        const std::vector<AttentionSeq>& writes) {
+  timed("attention_inputs", [&] { in_.attention_inputs(q, k, v, p, writes); });
+}
 void ProfilingBackend::kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) {
   timed("kv_write", [&] { in_.kv_write_batch(k, v, seqs); });
 }

@@ -48,6 +48,9 @@ class ProfilingBackend : public Backend {
   void matmul(const Tensor& x, const Tensor& w, Tensor& y) override;
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override;
   void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) override;
+  void matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) override;
+  void attention_inputs(Tensor& q, Tensor* k, Tensor* v, const AttentionInputs& p,
+                        const std::vector<AttentionSeq>& writes) override;
   void gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down, Tensor& out) override;
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override;

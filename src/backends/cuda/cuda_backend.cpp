@@ -29,6 +29,14 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
 }
 
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 namespace {
 
 void check(cudaError_t e, const char* what) {
@@ -415,6 +423,23 @@ class CudaBackend final : public Backend {
     cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_);
   }
 
+  void matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) override {
+    const GpuWeight gw = weight_of(w);
+    const int64_t n = x.rows();
+    MB_CHECK(gw.cols == x.cols() && m.numel() == n * gw.rows && out.numel() == n * gw.rows,
+             "matmul_gelu_times: x {} · w {}ᵀ, times {} -> out {} do not fit", x.shape_str(), w.shape_str(),
+             m.shape_str(), out.shape_str());
+    if (n > 0 && use_gemv({gw}, n)) {
+      on_device(m, "matmul_gelu_times m");
+      Tensor q, d, s;
+      QuantX xq{};
+      if (is_quantized(gw.type)) xq = quantized(x, q, d, s);
+      gemv_gelu_times(gw, x.f32(), &xq, n, m.f32(), out.f32(), st_);
+      return;
+    }
+    Backend::matmul_gelu_times(x, w, m, out);
+  }
+
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale_v, Tensor& out) override {
     const GpuWeight gw = weight_of(table);
     MB_CHECK(out.rows() == n && out.cols() == gw.cols, "embed: out {} does not fit {} rows of {}", out.shape_str(), n,
@@ -474,6 +499,33 @@ class CudaBackend final : public Backend {
       }
       cuda::kv_write(ks, k.f32(), v.f32(), k.dim(1), k.dim(2), st_);
     }
+  }
+
+  void attention_inputs(Tensor& q, Tensor* k, Tensor* v, const AttentionInputs& p,
+                        const std::vector<AttentionSeq>& writes) override {
+    MB_CHECK(q.rank() == 3 && (!k || (k->rank() == 3 && v && v->numel() == k->numel() && k->dim(0) == q.dim(0) &&
+                                       k->dim(2) == q.dim(2))),
+             "attention_inputs: q {}, k {}, v {}", q.shape_str(), k ? k->shape_str() : "-", v ? v->shape_str() : "-");
+    const int64_t n = q.dim(0), hd = q.dim(2);
+    AttnInputArgs a;
+    a.nh = q.dim(1);
+    a.nkv = k ? k->dim(1) : 0;
+    a.hd = hd;
+    a.q_norm = norm_weight(p.q_norm, hd, "attention_inputs");
+    a.k_norm = k ? norm_weight(p.k_norm, hd, "attention_inputs") : nullptr;
+    a.eps = p.eps;
+    a.add_one = p.add_one ? 1 : 0;
+    a.v_norm = p.v_norm ? 1 : 0;
+    // The first kMaxSeqsPerLaunch sequences' KV is written by the same launch; the rest after it.
+    KVSeqs first;
+    for (size_t i = 0; k && i < std::min<size_t>(writes.size(), kMaxSeqsPerLaunch); ++i) {
+      check_kv(*writes[i].kv, *k);
+      first.s[first.n++] = kv_seq(*writes[i].kv, writes[i].begin, writes[i].count, writes[i].pos);
+    }
+    cuda::attention_inputs(q.f32(), k ? k->f32() : nullptr, k ? v->f32() : nullptr, n, a, dev(p.pos, n),
+                           constant(p.inv_freq, hd / 2), first, st_);
+    if (k && writes.size() > size_t(kMaxSeqsPerLaunch))
+      kv_write_batch(*k, *v, std::vector<AttentionSeq>(writes.begin() + kMaxSeqsPerLaunch, writes.end()));
   }
 
   void attention(const Tensor& q, const KVStore& kv, const int32_t* pos, const AttentionParams& p,

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/cuda_kernels.h"
 
@@ -11,6 +12,34 @@ namespace mb::cuda {
 
 // Throws mb::Error naming `what` when the last launch failed (cuda_backend.cpp).
 void check_launch(const char* what);
+
+// Programmatic dependent launch (Hopper): each kernel of a step may be scheduled while the one
+// before it drains, which hides most of the few microseconds a launch costs between small kernels
+// (a decode step is hundreds of them). Every kernel starts with pdl_begin(): it waits for the
+// previous grid to finish and its writes to be visible (so no kernel reads early), then lets the
+// next grid be scheduled. MARKBASE_CUDA_PDL=0 launches plainly (cuda_backend.cpp).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+bool pdl_enabled();
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  // A failed launch leaves its error for check_launch, which every launcher calls next.
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 // Round to nearest even, as the host's f32_to_bf16 (NaN kept).
@@ -99,6 +128,46 @@ __device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_
     }
   }
   return 0.f;
+}
+
+// One head of hd elements, in place, by one block: an RMS norm (do_norm; weight w, 1 + w or
+// none), then the half-split rotation at position p (inv_freq null: none). v: hd floats of shared
+// memory; red: 32.
+__device__ __forceinline__ void head_norm_rope(float* xr, int64_t hd, int do_norm, const float* w, float eps,
+                                               int add_one, float p, const float* inv_freq, float* v, float* red) {
+  float inv = 1.f;
+  if (do_norm) {
+    float ss = 0.f;
+    for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / float(hd) + eps);
+  }
+  if (!inv_freq) {
+    if (do_norm)
+      for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) xr[c] = xr[c] * inv * norm_factor(w, c, add_one);
+    return;
+  }
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
+    float a = xr[c];
+    if (do_norm) a = a * inv * norm_factor(w, c, add_one);
+    v[c] = a;
+  }
+  __syncthreads();
+  const int64_t half = hd / 2;
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const float f = inv_freq[j];
+    const float a = v[j], b = v[j + half];
+    if (f == 0.f) {
+      xr[j] = a;
+      xr[j + half] = b;
+    } else {
+      // Angles in f32 as transformers forms them: float(pos) * inv_freq; precise sin/cos.
+      float s, c;
+      sincosf(p * f, &s, &c);
+      xr[j] = a * c - b * s;
+      xr[j + half] = b * c + a * s;
+    }
+  }
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }

@@ -42,6 +42,9 @@ void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float
 // ws[0]ᵀ) * (x · ws[1]ᵀ). Block types read xq (quantize_x of x).
 void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const float* x, const QuantX* xq, int64_t n,
                 cudaStream_t st);
+// y[n, rows] = gelu_tanh(x · wᵀ) * m[n, rows] (n <= kGemvMaxRows).
+void gemv_gelu_times(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, const float* m, float* y,
+                     cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
@@ -95,6 +98,18 @@ struct KVSeqs {
 };
 // Writes rows of k, v [n, nkv, hd] (f32) to each sequence's slots as bf16.
 void kv_write(const KVSeqs& seqs, const float* k, const float* v, int64_t nkv, int64_t hd, cudaStream_t st);
+
+// Per-head norms and rotary of q [n, nh, hd] and k [n, nkv, hd], v's weightless norm (v_norm), and
+// k, v written to the slots of the rows of `seqs` (k, v null: q alone), in one launch.
+struct AttnInputArgs {
+  int64_t nh = 0, nkv = 0, hd = 0;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  int add_one = 0, v_norm = 0;
+};
+void attention_inputs(float* q, float* k, float* v, int64_t n, const AttnInputArgs& a, const int32_t* pos,
+                      const float* inv_freq, const KVSeqs& seqs, cudaStream_t st);
 
 struct AttnArgs {
   int64_t n_rows = 0;  // rows of q covered by the sequences (the highest begin + count)

@@ -58,6 +58,7 @@ __device__ __forceinline__ void load_row(const uint16_t* row, int64_t hd, int la
 template <int C, int GH>
 __global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S,
                                                                const float* q, float* out, float* part) {
+  pdl_begin();
   extern __shared__ float sm[];  // [warps][GH][hd] acc, then [warps][GH] m and l
   const int64_t row = row0 + blockIdx.x;
   const int si = find_seq(seqs, row);
@@ -165,6 +166,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, Attn
 }
 
 __global__ void k_attention_merge(KVSeqs seqs, AttnArgs a, int64_t row0, int S, const float* part, float* out) {
+  pdl_begin();
   const int64_t row = row0 + blockIdx.x, h = blockIdx.y, hd = a.hd, nh = a.n_heads;
   if (find_seq(seqs, row) < 0) return;
   const float* pr = part + (row * nh + h) * S * (hd + 2);
@@ -186,6 +188,7 @@ __global__ void k_attention_merge(KVSeqs seqs, AttnArgs a, int64_t row0, int S, 
 }
 
 __global__ void k_kv_write(KVSeqs seqs, int64_t row0, const float* k, const float* v, int64_t nkv, int64_t hd) {
+  pdl_begin();
   const int64_t row = row0 + blockIdx.x;
   const int si = find_seq(seqs, row);
   if (si < 0) return;
@@ -198,6 +201,35 @@ __global__ void k_kv_write(KVSeqs seqs, int64_t row0, const float* k, const floa
     K[slot * w + e] = f32_bf16(k[row * w + e]);
     V[slot * w + e] = f32_bf16(v[row * w + e]);
   }
+}
+
+// One block per (row, head) of q, then of k and of v (when given): q and k get their RMS norm and
+// rotary, v its weightless norm (v_norm); a k or v head then goes to its row's KV slot as bf16
+// (rows of no sequence in `seqs` are left to kv_write). In place, so q, k, v keep what was done.
+__global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a, const int32_t* pos,
+                                   const float* inv_freq, KVSeqs seqs) {
+  pdl_begin();
+  __shared__ float red[32];
+  extern __shared__ float tmp[];
+  const int64_t per = a.nh + (k ? 2 * a.nkv : 0);
+  const int64_t row = blockIdx.x / per, h = blockIdx.x % per;
+  const float p = float(pos[row]);
+  if (h < a.nh) {
+    head_norm_rope(q + (row * a.nh + h) * a.hd, a.hd, 1, a.q_norm, a.eps, a.add_one, p, inv_freq, tmp, red);
+    return;
+  }
+  const bool is_k = h < a.nh + a.nkv;
+  const int64_t kh = is_k ? h - a.nh : h - a.nh - a.nkv;
+  float* xr = (is_k ? k : v) + (row * a.nkv + kh) * a.hd;
+  if (is_k) head_norm_rope(xr, a.hd, 1, a.k_norm, a.eps, a.add_one, p, inv_freq, tmp, red);
+  else head_norm_rope(xr, a.hd, a.v_norm, nullptr, a.eps, 0, p, nullptr, tmp, red);
+  const int si = find_seq(seqs, row);
+  if (si < 0) return;
+  const KVSeq& s = seqs.s[si];
+  const int64_t slot = kv_slot(s, s.pos[row - s.begin]);
+  uint16_t* dst = static_cast<uint16_t*>(const_cast<void*>(is_k ? s.k : s.v)) + (slot * a.nkv + kh) * a.hd;
+  __syncthreads();  // each thread wrote its own elements of xr, but the rotation's pairs cross threads
+  for (int64_t e = threadIdx.x; e < a.hd; e += blockDim.x) dst[e] = f32_bf16(xr[e]);
 }
 
 int heads_per_block(const AttnArgs& a) {
@@ -228,7 +260,7 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
     raised = true;
   }
   const dim3 grid(unsigned(rows), unsigned(a.n_heads / GH), unsigned(S));
-  k_attention<C, GH><<<grid, kAttnWarps * 32, smem, st>>>(seqs, a, row0, S, q, out, part);
+  launch_kernel(k_attention<C, GH>, grid, kAttnWarps * 32, smem, st, seqs, a, row0, S, q, out, part);
 }
 
 }  // namespace
@@ -269,16 +301,25 @@ void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out
 #undef MB_ATTN
   check_launch("attention");
   if (S > 1) {
-    k_attention_merge<<<dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st>>>(seqs, a, row0, S, partial, out);
+    launch_kernel(k_attention_merge, dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st, seqs, a, row0, S, partial, out);
     check_launch("attention merge");
   }
+}
+
+void attention_inputs(float* q, float* k, float* v, int64_t n, const AttnInputArgs& a, const int32_t* pos,
+                      const float* inv_freq, const KVSeqs& seqs, cudaStream_t st) {
+  if (n == 0) return;
+  const int64_t per = a.nh + (k ? 2 * a.nkv : 0);
+  const int threads = a.hd >= 512 ? 256 : a.hd >= 256 ? 256 : 128;
+  launch_kernel(k_attention_inputs, unsigned(n * per), threads, size_t(a.hd) * 4, st, q, k, v, a, pos, inv_freq, seqs);
+  check_launch("attention inputs");
 }
 
 void kv_write(const KVSeqs& seqs, const float* k, const float* v, int64_t nkv, int64_t hd, cudaStream_t st) {
   int64_t row0, rows;
   rows_of(seqs, row0, rows);
   if (rows == 0) return;
-  k_kv_write<<<unsigned(rows), 256, 0, st>>>(seqs, row0, k, v, nkv, hd);
+  launch_kernel(k_kv_write, unsigned(rows), 256, 0, st, seqs, row0, k, v, nkv, hd);
   check_launch("kv_write");
 }
 

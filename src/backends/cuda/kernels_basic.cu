@@ -14,6 +14,7 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 }
 
 __global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale, float* out) {
+  pdl_begin();
   const int64_t i = blockIdx.y;
   const int64_t row = ids[i];
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < t.cols; c += int64_t(gridDim.x) * blockDim.x)
@@ -21,6 +22,7 @@ __global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale,
 }
 
 __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_one, int64_t cols, float* y) {
+  pdl_begin();
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
@@ -31,46 +33,15 @@ __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_on
 // One block per (token, head): optional RMS norm of the head, then the half-split rotation.
 __global__ void k_norm_rope(float* x, int64_t heads, int64_t hd, const float* w, float eps, int add_one, int do_norm,
                             const int32_t* pos, const float* inv_freq) {
+  pdl_begin();
   __shared__ float red[32];
   extern __shared__ float v[];
-  const int64_t t = blockIdx.x / heads;
-  float* xr = x + blockIdx.x * hd;
-  float inv = 1.f;
-  if (do_norm) {
-    float ss = 0.f;
-    for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) ss += xr[c] * xr[c];
-    ss = block_sum(ss, red);
-    inv = rsqrtf(ss / float(hd) + eps);
-  }
-  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
-    float a = xr[c];
-    if (do_norm) {
-      a *= inv;
-      if (w) a *= add_one ? 1.f + w[c] : w[c];
-    }
-    v[c] = a;
-  }
-  __syncthreads();
-  const int64_t half = hd / 2;
-  const float p = float(pos[t]);
-  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const float f = inv_freq[j];
-    const float a = v[j], b = v[j + half];
-    if (f == 0.f) {
-      xr[j] = a;
-      xr[j + half] = b;
-    } else {
-      // Angles in f32 as transformers forms them: float(pos) * inv_freq; precise sin/cos.
-      float s, c;
-      sincosf(p * f, &s, &c);
-      xr[j] = a * c - b * s;
-      xr[j + half] = b * c + a * s;
-    }
-  }
+  head_norm_rope(x + blockIdx.x * hd, hd, do_norm, w, eps, add_one, float(pos[blockIdx.x / heads]), inv_freq, v, red);
 }
 
 __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
                                int64_t cols) {
+  pdl_begin();
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
   const float* b = br + blockIdx.x * cols;
@@ -85,6 +56,7 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
 // add_rms_norm, then y = rms_norm(new x) * (w2 or 1 + w2): each thread re-reads what it wrote.
 __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
                                     const float* w2, float* y, int64_t cols) {
+  pdl_begin();
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
   const float* b = br + blockIdx.x * cols;
@@ -101,10 +73,12 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
 }
 
 __global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = gelu_tanh_f(g[i]) * u[i];
 }
 __global__ void k_gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act) {
+  pdl_begin();
   const int64_t n = pairs * I;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = i / I, c = i % I;
@@ -112,39 +86,47 @@ __global__ void k_gelu_split_mul(const float* h, int64_t pairs, int64_t I, float
   }
 }
 __global__ void k_add(const float* a, const float* b, float* o, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = a[i] + b[i];
 }
 __global__ void k_mul(const float* a, const float* b, float* o, int64_t n, int64_t bn) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = a[i] * b[i % bn];
 }
 __global__ void k_scale(float* x, int64_t n, float s) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= s;
 }
 __global__ void k_softcap(float* x, int64_t n, float cap) {
+  pdl_begin();
   const float inv = 1.f / cap;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = tanhf(x[i] * inv) * cap;
 }
 __global__ void k_slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst) {
+  pdl_begin();
   const int64_t n = rows * w;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = src[(i / w) * cols + begin + i % w];
 }
 __global__ void k_gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst) {
+  pdl_begin();
   const int64_t total = n * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = src[int64_t(rows[i / cols]) * cols + i % cols];
 }
 __global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = f32_bf16(x[i]);
 }
 
 // One warp per block of 32 activations: symmetric int8 with scale amax / 127.
 __global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d, float* s) {
+  pdl_begin();
   const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= blocks) return;
@@ -164,6 +146,7 @@ __global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d
 // renormalised, times the per-expert scale.
 __global__ void k_route_topk(const float* logits, int64_t E, int k, const float* pes, float* weights,
                              int32_t* experts) {
+  pdl_begin();
   extern __shared__ float prob[];
   __shared__ float red[32];
   __shared__ float best_v[32];
@@ -234,6 +217,7 @@ __global__ void k_route_topk(const float* logits, int64_t E, int k, const float*
 }
 
 __global__ void k_moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out) {
+  pdl_begin();
   const int64_t total = n * H;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / H, c = i % H;
@@ -244,6 +228,7 @@ __global__ void k_moe_combine(const float* y, const float* weights, int64_t n, i
 }
 
 __global__ void k_copy_probe(const int4* src, int4* dst, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
 }
@@ -251,6 +236,7 @@ __global__ void k_copy_probe(const int4* src, int4* dst, int64_t n) {
 // ggml blocks (a half scale, then qs_bytes of quants) into a quants plane and a scales plane.
 __global__ void k_split_blocks(const uint8_t* raw, int64_t nblocks, int block_bytes, int qs_bytes, uint8_t* qs,
                                uint16_t* scale) {
+  pdl_begin();
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < nblocks; b += int64_t(gridDim.x) * blockDim.x) {
     const uint8_t* src = raw + b * block_bytes;
     scale[b] = uint16_t(src[0] | (src[1] << 8));
@@ -269,20 +255,20 @@ int norm_threads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 
 void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t st) {
   if (n == 0) return;
   const dim3 grid(unsigned((table.cols + 255) / 256), unsigned(n));
-  k_embed<<<grid, 256, 0, st>>>(table, ids, n, scale, out);
+  launch_kernel(k_embed, grid, 256, 0, st, table, ids, n, scale, out);
   check_launch("embed");
 }
 
 void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
               cudaStream_t st) {
   if (rows == 0) return;
-  k_rms_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, w, eps, add_one, cols, y);
+  launch_kernel(k_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, w, eps, add_one, cols, y);
   check_launch("rms_norm");
 }
 
 void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq, cudaStream_t st) {
   if (n == 0) return;
-  k_norm_rope<<<unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st>>>(x, heads, hd, nullptr, 0.f, 0, 0, pos,
+  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, nullptr, 0.f, 0, 0, pos,
                                                                              inv_freq);
   check_launch("rope");
 }
@@ -290,7 +276,7 @@ void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, co
 void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* w, float eps, bool add_one,
                    const int32_t* pos, const float* inv_freq, cudaStream_t st) {
   if (n == 0) return;
-  k_norm_rope<<<unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st>>>(x, heads, hd, w, eps, add_one, 1, pos,
+  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, w, eps, add_one, 1, pos,
                                                                              inv_freq);
   check_launch("rms_norm_rope");
 }
@@ -298,85 +284,85 @@ void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* 
 void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
                   int64_t cols, cudaStream_t st) {
   if (rows == 0) return;
-  k_add_rms_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, branch, w, eps, add_one, scale, cols);
+  launch_kernel(k_add_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale, cols);
   check_launch("add_rms_norm");
 }
 
 void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
                        const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st) {
   if (rows == 0) return;
-  k_add_rms_norm_norm<<<unsigned(rows), norm_threads(cols), 0, st>>>(x, branch, w, eps, add_one, scale, w_next, y,
+  launch_kernel(k_add_rms_norm_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale, w_next, y,
                                                                      cols);
   check_launch("add_rms_norm_norm");
 }
 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st) {
   if (n == 0) return;
-  k_gelu_mul<<<grid_1d(n), 256, 0, st>>>(g, u, out, n);
+  launch_kernel(k_gelu_mul, grid_1d(n), 256, 0, st, g, u, out, n);
   check_launch("gelu_tanh_mul");
 }
 void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaStream_t st) {
   if (pairs * I == 0) return;
-  k_gelu_split_mul<<<grid_1d(pairs * I), 256, 0, st>>>(h, pairs, I, act);
+  launch_kernel(k_gelu_split_mul, grid_1d(pairs * I), 256, 0, st, h, pairs, I, act);
   check_launch("moe gelu");
 }
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st) {
   if (n == 0) return;
-  k_add<<<grid_1d(n), 256, 0, st>>>(a, b, out, n);
+  launch_kernel(k_add, grid_1d(n), 256, 0, st, a, b, out, n);
   check_launch("add");
 }
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st) {
   if (n == 0) return;
-  k_mul<<<grid_1d(n), 256, 0, st>>>(a, b, out, n, bn);
+  launch_kernel(k_mul, grid_1d(n), 256, 0, st, a, b, out, n, bn);
   check_launch("mul");
 }
 void scale(float* x, int64_t n, float s, cudaStream_t st) {
   if (n == 0) return;
-  k_scale<<<grid_1d(n), 256, 0, st>>>(x, n, s);
+  launch_kernel(k_scale, grid_1d(n), 256, 0, st, x, n, s);
   check_launch("scale");
 }
 void softcap(float* x, int64_t n, float cap, cudaStream_t st) {
   if (n == 0) return;
-  k_softcap<<<grid_1d(n), 256, 0, st>>>(x, n, cap);
+  launch_kernel(k_softcap, grid_1d(n), 256, 0, st, x, n, cap);
   check_launch("softcap");
 }
 void slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst, cudaStream_t st) {
   if (rows * w == 0) return;
-  k_slice_cols<<<grid_1d(rows * w), 256, 0, st>>>(src, rows, cols, begin, w, dst);
+  launch_kernel(k_slice_cols, grid_1d(rows * w), 256, 0, st, src, rows, cols, begin, w, dst);
   check_launch("slice_cols");
 }
 void gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst, cudaStream_t st) {
   if (n * cols == 0) return;
-  k_gather_rows<<<grid_1d(n * cols), 256, 0, st>>>(src, cols, rows, n, dst);
+  launch_kernel(k_gather_rows, grid_1d(n * cols), 256, 0, st, src, cols, rows, n, dst);
   check_launch("gather_rows");
 }
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st) {
   if (n == 0) return;
-  k_f32_to_bf16<<<grid_1d(n), 256, 0, st>>>(x, n, out);
+  launch_kernel(k_f32_to_bf16, grid_1d(n), 256, 0, st, x, n, out);
   check_launch("f32_to_bf16");
 }
 void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st) {
   const int64_t blocks = n * k / 32;
   if (blocks == 0) return;
-  k_quantize_x<<<blocks_for(blocks * 32, 256), 256, 0, st>>>(x, blocks, q, d, s);
+  launch_kernel(k_quantize_x, blocks_for(blocks * 32, 256), 256, 0, st, x, blocks, q, d, s);
   check_launch("quantize activations");
 }
 void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
                 int32_t* experts, cudaStream_t st) {
   if (n == 0) return;
-  k_route_topk<<<unsigned(n), 128, size_t(E) * 4, st>>>(logits, E, k, per_expert_scale, weights, experts);
+  launch_kernel(k_route_topk, unsigned(n), 128, size_t(E) * 4, st, logits, E, k, per_expert_scale, weights, experts);
   check_launch("route_topk");
 }
 void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out, cudaStream_t st) {
   if (n * H == 0) return;
-  k_moe_combine<<<grid_1d(n * H), 256, 0, st>>>(y, weights, n, k, H, out);
+  launch_kernel(k_moe_combine, grid_1d(n * H), 256, 0, st, y, weights, n, k, H, out);
   check_launch("moe combine");
 }
 
 void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,
                   cudaStream_t st) {
   if (nblocks == 0) return;
-  k_split_blocks<<<grid_1d(nblocks), 256, 0, st>>>(static_cast<const uint8_t*>(raw), nblocks, block_bytes, qs_bytes,
+  launch_kernel(k_split_blocks, grid_1d(nblocks), 256, 0, st, static_cast<const uint8_t*>(raw), nblocks, block_bytes, qs_bytes,
                                                    static_cast<uint8_t*>(qs), scale);
   check_launch("repack weight blocks");
 }
@@ -386,10 +372,10 @@ double copy_seconds(const void* src, void* dst, size_t bytes, int reps, cudaStre
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  k_copy_probe<<<132 * 8, 512, 0, st>>>(static_cast<const int4*>(src), static_cast<int4*>(dst), n);  // warm-up
+  launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);  // warm-up
   cudaEventRecord(a, st);
   for (int r = 0; r < reps; ++r)
-    k_copy_probe<<<132 * 8, 512, 0, st>>>(static_cast<const int4*>(src), static_cast<int4*>(dst), n);
+    launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);
   cudaEventRecord(b, st);
   cudaEventSynchronize(b);
   check_launch("bandwidth probe");

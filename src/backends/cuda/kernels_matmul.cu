@@ -18,86 +18,116 @@ constexpr int kWarps = 8;  // rows per block
 __device__ __forceinline__ int4 ld_stream(const void* p) { return __ldcs(static_cast<const int4*>(p)); }
 // Activations may sit in shared memory (quantized by the block) or global memory: a generic load.
 __device__ __forceinline__ int4 ld_x(const void* p) { return *static_cast<const int4*>(p); }
+__device__ __forceinline__ float bf16r(float f) { return bf16_f32(f32_bf16(f)); }
 
-// Dot of unit u of weight row `row` with activation row xr, for each of NX activation rows
-// (x row j at x + j * k, or xq row j). Adds into acc.
-template <WType T, int NX> struct Unit;
+// Unit u of weight row `row`: load() reads its weight bytes (one or two 16-byte loads), dot()
+// adds its products with each of NX activation rows (x row j at x + j * k, or xq row j) into acc.
+// Loads and products are separate so that a lane can put several units' loads in flight before
+// it waits for the first: a GEMV is bound by how many bytes are in flight, not by arithmetic.
+template <WType T> struct Unit;
 
-template <int NX> struct Unit<WType::F32, NX> {
+template <> struct Unit<WType::F32> {
   static constexpr int kElems = 8;
-  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float* x, const QuantX&, float* acc,
-                             const int64_t* xrow) {
+  struct Raw {
+    float4 a, b;
+  };
+  __device__ static Raw load(const GpuWeight& w, int64_t row, int64_t u) {
     const float* wp = static_cast<const float*>(w.qs) + row * w.cols + u * 8;
-    const float4 a = __ldcs(reinterpret_cast<const float4*>(wp)), b = __ldcs(reinterpret_cast<const float4*>(wp + 4));
+    return {__ldcs(reinterpret_cast<const float4*>(wp)), __ldcs(reinterpret_cast<const float4*>(wp + 4))};
+  }
+  template <int NX>
+  __device__ static void dot(const Raw& r, int64_t cols, int64_t u, const float* x, const QuantX&, float* acc,
+                             const int64_t* xrow) {
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
-      const float* xp = x + xrow[j] * w.cols + u * 8;
+      const float* xp = x + xrow[j] * cols + u * 8;
       const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
-      acc[j] += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w + b.x * d.x + b.y * d.y + b.z * d.z + b.w * d.w;
+      acc[j] += r.a.x * c.x + r.a.y * c.y + r.a.z * c.z + r.a.w * c.w + r.b.x * d.x + r.b.y * d.y + r.b.z * d.z +
+                r.b.w * d.w;
     }
   }
 };
 
-template <int NX> struct Unit<WType::BF16, NX> {
+template <> struct Unit<WType::BF16> {
   static constexpr int kElems = 8;
-  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float* x, const QuantX&, float* acc,
+  struct Raw {
+    int4 q;
+  };
+  __device__ static Raw load(const GpuWeight& w, int64_t row, int64_t u) {
+    return {ld_stream(static_cast<const uint16_t*>(w.qs) + row * w.cols + u * 8)};
+  }
+  template <int NX>
+  __device__ static void dot(const Raw& r, int64_t cols, int64_t u, const float* x, const QuantX&, float* acc,
                              const int64_t* xrow) {
-    const int4 raw = ld_stream(static_cast<const uint16_t*>(w.qs) + row * w.cols + u * 8);
-    const uint32_t r[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
+    const uint32_t q[4] = {uint32_t(r.q.x), uint32_t(r.q.y), uint32_t(r.q.z), uint32_t(r.q.w)};
     float wf[8];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      wf[2 * i] = __uint_as_float(r[i] << 16);
-      wf[2 * i + 1] = __uint_as_float(r[i] & 0xffff0000u);
+      wf[2 * i] = __uint_as_float(q[i] << 16);
+      wf[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
     }
+    // The activations rounded to bf16 as the cuBLAS path (prefill, large batches) rounds them, so
+    // a token's numbers do not depend on which path its batch took.
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
-      const float* xp = x + xrow[j] * w.cols + u * 8;
+      const float* xp = x + xrow[j] * cols + u * 8;
       const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
-      acc[j] += wf[0] * c.x + wf[1] * c.y + wf[2] * c.z + wf[3] * c.w + wf[4] * d.x + wf[5] * d.y + wf[6] * d.z +
-                wf[7] * d.w;
+      acc[j] += wf[0] * bf16r(c.x) + wf[1] * bf16r(c.y) + wf[2] * bf16r(c.z) + wf[3] * bf16r(c.w) +
+                wf[4] * bf16r(d.x) + wf[5] * bf16r(d.y) + wf[6] * bf16r(d.z) + wf[7] * bf16r(d.w);
     }
   }
 };
 
-template <int NX> struct Unit<WType::Q8_0, NX> {
+template <> struct Unit<WType::Q8_0> {
   static constexpr int kElems = 32;
-  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
-                             const int64_t* xrow) {
+  struct Raw {
+    int4 a, b;
+    float d;
+  };
+  __device__ static Raw load(const GpuWeight& w, int64_t row, int64_t u) {
     const int64_t nb = w.cols / 32;
     const int8_t* qp = static_cast<const int8_t*>(w.qs) + (row * nb + u) * 32;
-    const int4 a = ld_stream(qp), b = ld_stream(qp + 16);
-    const float dw = half_f32(w.scale[row * nb + u]);
+    return {ld_stream(qp), ld_stream(qp + 16), half_f32(w.scale[row * nb + u])};
+  }
+  template <int NX>
+  __device__ static void dot(const Raw& r, int64_t, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
       const int8_t* xp = xq.q + xrow[j] * xq.k + u * 32;
       const int4 c = ld_x(xp), d = ld_x(xp + 16);
-      int s = __dp4a(a.x, c.x, 0);
-      s = __dp4a(a.y, c.y, s);
-      s = __dp4a(a.z, c.z, s);
-      s = __dp4a(a.w, c.w, s);
-      s = __dp4a(b.x, d.x, s);
-      s = __dp4a(b.y, d.y, s);
-      s = __dp4a(b.z, d.z, s);
-      s = __dp4a(b.w, d.w, s);
-      acc[j] += dw * xq.d[xrow[j] * (xq.k / 32) + u] * float(s);
+      int s = __dp4a(r.a.x, c.x, 0);
+      s = __dp4a(r.a.y, c.y, s);
+      s = __dp4a(r.a.z, c.z, s);
+      s = __dp4a(r.a.w, c.w, s);
+      s = __dp4a(r.b.x, d.x, s);
+      s = __dp4a(r.b.y, d.y, s);
+      s = __dp4a(r.b.z, d.z, s);
+      s = __dp4a(r.b.w, d.w, s);
+      acc[j] += r.d * xq.d[xrow[j] * (xq.k / 32) + u] * float(s);
     }
   }
 };
 
-template <int NX> struct Unit<WType::Q4_0, NX> {
+template <> struct Unit<WType::Q4_0> {
   static constexpr int kElems = 32;
-  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
-                             const int64_t* xrow) {
+  struct Raw {
+    int4 a;
+    float d;
+  };
+  __device__ static Raw load(const GpuWeight& w, int64_t row, int64_t u) {
     const int64_t nb = w.cols / 32;
-    const int4 a = ld_stream(static_cast<const uint8_t*>(w.qs) + (row * nb + u) * 16);
-    const float dw = half_f32(w.scale[row * nb + u]);
-    const int lo[4] = {a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F};
-    const int hi[4] = {(a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F,
-                       (a.w >> 4) & 0x0F0F0F0F};
+    return {ld_stream(static_cast<const uint8_t*>(w.qs) + (row * nb + u) * 16), half_f32(w.scale[row * nb + u])};
+  }
+  template <int NX>
+  __device__ static void dot(const Raw& r, int64_t, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
+    const int lo[4] = {r.a.x & 0x0F0F0F0F, r.a.y & 0x0F0F0F0F, r.a.z & 0x0F0F0F0F, r.a.w & 0x0F0F0F0F};
+    const int hi[4] = {(r.a.x >> 4) & 0x0F0F0F0F, (r.a.y >> 4) & 0x0F0F0F0F, (r.a.z >> 4) & 0x0F0F0F0F,
+                       (r.a.w >> 4) & 0x0F0F0F0F};
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
@@ -112,24 +142,32 @@ template <int NX> struct Unit<WType::Q4_0, NX> {
       s = __dp4a(hi[2], d.z, s);
       s = __dp4a(hi[3], d.w, s);
       const int64_t xb = xrow[j] * (xq.k / 32) + u;
-      acc[j] += dw * (xq.d[xb] * float(s) - 8.f * xq.s[xb]);
+      acc[j] += r.d * (xq.d[xb] * float(s) - 8.f * xq.s[xb]);
     }
   }
 };
 
-template <int NX> struct Unit<WType::Q4_K, NX> {
+template <> struct Unit<WType::Q4_K> {
   static constexpr int kElems = 64;
-  __device__ static void dot(const GpuWeight& w, int64_t row, int64_t u, const float*, const QuantX& xq, float* acc,
-                             const int64_t* xrow) {
+  struct Raw {
+    int4 head, qa, qb;  // head: d, dmin, 12 scale bytes
+  };
+  __device__ static Raw load(const GpuWeight& w, int64_t row, int64_t u) {
     const int64_t nsb = w.cols / 256, sb = u / 4;
     const int pair = int(u % 4);
     const uint8_t* blk = static_cast<const uint8_t*>(w.qs) + (row * nsb + sb) * 144;
-    const int4 head = __ldg(reinterpret_cast<const int4*>(blk));  // d, dmin, 12 scale bytes
-    const int4 qa = ld_stream(blk + 16 + pair * 32), qb = ld_stream(blk + 16 + pair * 32 + 16);
-    const uint32_t h0 = uint32_t(head.x);
+    return {__ldg(reinterpret_cast<const int4*>(blk)), ld_stream(blk + 16 + pair * 32),
+            ld_stream(blk + 16 + pair * 32 + 16)};
+  }
+  template <int NX>
+  __device__ static void dot(const Raw& r, int64_t, int64_t u, const float*, const QuantX& xq, float* acc,
+                             const int64_t* xrow) {
+    const int64_t sb = u / 4;
+    const int pair = int(u % 4);
+    const uint32_t h0 = uint32_t(r.head.x);
     const float d = half_f32(uint16_t(h0 & 0xffff)), dmin = half_f32(uint16_t(h0 >> 16));
     uint8_t sc[12];
-    const uint32_t hw[3] = {uint32_t(head.y), uint32_t(head.z), uint32_t(head.w)};
+    const uint32_t hw[3] = {uint32_t(r.head.y), uint32_t(r.head.z), uint32_t(r.head.w)};
 #pragma unroll
     for (int i = 0; i < 12; ++i) sc[i] = uint8_t(hw[i / 4] >> (8 * (i % 4)));
     float scale[2], mins[2];
@@ -140,7 +178,7 @@ template <int NX> struct Unit<WType::Q4_K, NX> {
       scale[h] = d * float(s);
       mins[h] = dmin * float(m);
     }
-    const int q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    const int q[8] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w, r.qb.x, r.qb.y, r.qb.z, r.qb.w};
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
@@ -161,11 +199,38 @@ template <int NX> struct Unit<WType::Q4_K, NX> {
   }
 };
 
+// Units a lane loads before it multiplies: ~128 bytes of weights in flight per lane and dot.
+template <WType T> __host__ __device__ constexpr int batch_units() {
+  return T == WType::Q4_0 ? 8 : T == WType::Q4_K ? 2 : 4;
+}
+
+// The dots of `nd` weight rows (wr[i], rr[i]) with NX activation rows over a warp: each lane
+// takes units lane, lane + 32, ... in batches of B, every load of a batch issued first.
+template <WType T, int NX, int ND>
+__device__ __forceinline__ void warp_dots(const GpuWeight (&wr)[ND], const int64_t (&rr)[ND], int64_t cols,
+                                          const float* x, const QuantX& xq, const int64_t* xrow, int lane,
+                                          float (&acc)[ND][NX]) {
+  using U = Unit<T>;
+  constexpr int B = batch_units<T>() / ND > 0 ? batch_units<T>() / ND : 1;
+  const int64_t units = cols / U::kElems;
+  for (int64_t u0 = lane; u0 < units; u0 += 32 * B) {
+    typename U::Raw raw[ND][B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+      for (int i = 0; i < ND; ++i)
+        if (u0 + 32 * b < units) raw[i][b] = U::load(wr[i], rr[i], u0 + 32 * b);
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+      for (int i = 0; i < ND; ++i)
+        if (u0 + 32 * b < units) U::template dot<NX>(raw[i][b], cols, u0 + 32 * b, x, xq, acc[i], xrow);
+  }
+}
+
 // Up to 3 weights applied to the same activation rows in one launch (Q/K/V), or a gate and an up
-// weight whose results meet in gelu_tanh(gate) * up (glu). A warp takes kRows consecutive rows of
-// the weights' rows laid end to end (glu: kRows rows of each). Block types read int8 activations:
-// quantized by the block itself into shared memory when they fit there, else by quantize_x first.
-constexpr int kRows = 1;
+// weight whose results meet in gelu_tanh(gate) * up (GLU). A warp takes one row of the weights'
+// rows laid end to end (GLU: that row of both). Block types read int8 activations (quantize_x).
 struct MultiArgs {
   GpuWeight w[3];
   float* y[3];
@@ -174,9 +239,8 @@ struct MultiArgs {
   const float* x = nullptr;
   QuantX xq;           // the activations quantized (block types)
   int64_t n = 0, k = 0;
-  int glu = 0;
+  const float* m = nullptr;  // kGeluTimes: y = gelu_tanh(x · wᵀ) * m, m [n, rows]
 };
-
 
 // Kernel parameters indexed at run time would be copied to local memory: select with constants.
 __device__ __forceinline__ const GpuWeight& pick_w(const MultiArgs& a, int i) {
@@ -187,77 +251,65 @@ __device__ __forceinline__ int64_t pick_rows(const MultiArgs& a, int i) {
   return i == 0 ? a.w[0].rows : i == 1 ? a.w[1].rows : a.w[2].rows;
 }
 
-template <WType T, int NX>
+constexpr int kPlain = 0, kGlu = 1, kGeluTimes = 2;
+
+__device__ __forceinline__ float gelu_tanh_d(float g) {
+  const float kk = 0.7978845608028654f;  // gelu(approximate="tanh"), as torch
+  return 0.5f * g * (1.f + tanhf(kk * (g + 0.044715f * g * g * g)));
+}
+
+template <WType T, int NX, int MODE>
 __global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
+  constexpr bool GLU = MODE == kGlu;
+  pdl_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const QuantX& xq = a.xq;
-  const int64_t v0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
-  if (v0 >= a.total_rows) return;
+  const int64_t v = int64_t(blockIdx.x) * kWarps + warp;
+  if (v >= a.total_rows) return;
   int64_t xrow[NX];
 #pragma unroll
   for (int j = 0; j < NX; ++j) xrow[j] = j < a.n ? j : -1;
-  // The weight and row of each of the warp's rows (glu: rows r of gate and up).
-  constexpr int kDots = 2 * kRows;
-  GpuWeight wr[kDots];
-  int64_t rr[kDots];
-  int nd = 0;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t v = v0 + r < a.total_rows ? v0 + r : a.total_rows - 1;  // a repeat, not written
-    if (a.glu) {
-      wr[2 * r] = a.w[0];
-      rr[2 * r] = v;
-      wr[2 * r + 1] = a.w[1];
-      rr[2 * r + 1] = v;
-    } else {
-      int wi = 0;
-      int64_t row = v;
-      while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
-      wr[r] = pick_w(a, wi);
-      rr[r] = row;
-    }
+  constexpr int ND = GLU ? 2 : 1;
+  GpuWeight wr[ND];
+  int64_t rr[ND];
+  int wi = 0;
+  int64_t row = v;
+  if (GLU) {
+    wr[0] = a.w[0];
+    rr[0] = v;
+    wr[ND - 1] = a.w[1];
+    rr[ND - 1] = v;
+  } else {
+    while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
+    wr[0] = pick_w(a, wi);
+    rr[0] = row;
   }
-  nd = a.glu ? kDots : kRows;
-  float acc[kDots][NX];
+  float acc[ND][NX];
 #pragma unroll
-  for (int i = 0; i < kDots; ++i)
+  for (int i = 0; i < ND; ++i)
 #pragma unroll
     for (int j = 0; j < NX; ++j) acc[i][j] = 0.f;
-  const int64_t units = a.k / Unit<T, NX>::kElems;
-#pragma unroll 4
-  for (int64_t u = lane; u < units; u += 32) {
+  warp_dots<T, NX, ND>(wr, rr, a.k, a.x, a.xq, xrow, lane, acc);
 #pragma unroll
-    for (int i = 0; i < kDots; ++i)
-      if (i < nd) Unit<T, NX>::dot(wr[i], rr[i], u, a.x, xq, acc[i], xrow);
-  }
-#pragma unroll
-  for (int i = 0; i < kDots; ++i)
+  for (int i = 0; i < ND; ++i)
 #pragma unroll
     for (int j = 0; j < NX; ++j) acc[i][j] = warp_sum(acc[i][j]);
   if (lane != 0) return;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t v = v0 + r;
-    if (v >= a.total_rows) break;
-#pragma unroll
-    for (int j = 0; j < NX; ++j) {
-      if (j >= a.n) break;
-      if (a.glu) {
-        const float g = acc[2 * r][j], u = acc[2 * r + 1][j];
-        const float kk = 0.7978845608028654f;  // gelu(approximate="tanh"), as torch
-        a.y[0][j * a.total_rows + v] = 0.5f * g * (1.f + tanhf(kk * (g + 0.044715f * g * g * g))) * u;
-      } else {
-        int wi = 0;
-        int64_t row = v;
-        while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
-        pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[r][j];
-      }
+  for (int j = 0; j < NX; ++j) {
+    if (j >= a.n) break;
+    if (GLU) {
+      a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * acc[ND - 1][j];
+    } else if (MODE == kGeluTimes) {
+      a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * a.m[j * a.total_rows + v];
+    } else {
+      pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[0][j];
     }
   }
 }
 
 // Odd shapes (F32/BF16 rows that are not a multiple of 8 elements): one element at a time.
 __global__ void k_gemv_scalar(GpuWeight w, const float* x, int64_t n, float* y) {
+  pdl_begin();
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= w.rows) return;
@@ -273,21 +325,23 @@ __global__ void k_gemv_scalar(GpuWeight w, const float* x, int64_t n, float* y) 
 template <WType T>
 __global__ void __launch_bounds__(kWarps * 32) k_moe_gemv(GpuWeight w, int64_t rpe, const float* x, QuantX xq,
                                                           const int32_t* ids, int k, int x_per_pair, float* y) {
+  pdl_begin();
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t p = blockIdx.y;
   const int lane = threadIdx.x % 32;
   if (r >= rpe) return;
   const int64_t row = int64_t(ids[p]) * rpe + r;
-  int64_t xrow[1] = {x_per_pair ? p : p / k};
-  float acc[1] = {0.f};
-  const int64_t units = w.cols / Unit<T, 1>::kElems;
-#pragma unroll 4
-  for (int64_t u = lane; u < units; u += 32) Unit<T, 1>::dot(w, row, u, x, xq, acc, xrow);
-  const float v = warp_sum(acc[0]);
+  const int64_t xrow[1] = {x_per_pair ? p : p / k};
+  const GpuWeight wr[1] = {w};
+  const int64_t rr[1] = {row};
+  float acc[1][1] = {{0.f}};
+  warp_dots<T, 1, 1>(wr, rr, w.cols, x, xq, xrow, lane, acc);
+  const float v = warp_sum(acc[0][0]);
   if (lane == 0) y[p * rpe + r] = v;
 }
 
 __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t* out) {
+  pdl_begin();
   const int64_t total = rows * w.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / w.cols, c = i % w.cols;
@@ -296,30 +350,33 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
-template <WType T, int NX> void launch_multi(const MultiArgs& a, cudaStream_t st) {
-  const int64_t per_block = int64_t(kWarps) * kRows;
-  const unsigned grid = unsigned((a.total_rows + per_block - 1) / per_block);
-  k_gemv_multi<T, NX><<<grid, kWarps * 32, 0, st>>>(a);
+template <WType T, int NX> void launch_multi(const MultiArgs& a, int mode, cudaStream_t st) {
+  const unsigned grid = unsigned((a.total_rows + kWarps - 1) / kWarps);
+  if (mode == kGlu) launch_kernel(k_gemv_multi<T, NX, kGlu>, grid, kWarps * 32, 0, st, a);
+  else if (mode == kGeluTimes) launch_kernel(k_gemv_multi<T, NX, kGeluTimes>, grid, kWarps * 32, 0, st, a);
+  else launch_kernel(k_gemv_multi<T, NX, kPlain>, grid, kWarps * 32, 0, st, a);
 }
 
-template <WType T> void launch_multi_nx(const MultiArgs& a, cudaStream_t st) {
-  if (a.n == 1) launch_multi<T, 1>(a, st);
-  else if (a.n == 2) launch_multi<T, 2>(a, st);
-  else if (a.n <= 4) launch_multi<T, 4>(a, st);
-  else launch_multi<T, 8>(a, st);
+template <WType T> void launch_multi_nx(const MultiArgs& a, int mode, cudaStream_t st) {
+  if (a.n == 1) launch_multi<T, 1>(a, mode, st);
+  else if (a.n == 2) launch_multi<T, 2>(a, mode, st);
+  else if (a.n <= 4) launch_multi<T, 4>(a, mode, st);
+  else launch_multi<T, 8>(a, mode, st);
 }
 
 }  // namespace
 
-void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const float* x, const QuantX* xq, int64_t n,
-                cudaStream_t st) {
+namespace {
+
+void gemv_any(const GpuWeight* ws, float* const* ys, int nw, int mode, const float* m, const float* x,
+              const QuantX* xq, int64_t n, cudaStream_t st) {
   if (n == 0) return;
+  const bool glu = mode == kGlu;
   const WType t = ws[0].type;
   const int64_t k = ws[0].cols;
   for (int64_t j0 = 0; j0 < n; j0 += kGemvMaxRows) {
     MultiArgs a;
     a.nw = nw;
-    a.glu = glu ? 1 : 0;
     a.k = k;
     a.n = n - j0 < kGemvMaxRows ? n - j0 : kGemvMaxRows;
     a.total_rows = 0;
@@ -330,6 +387,7 @@ void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const f
     }
     if (glu) a.total_rows = ws[0].rows;
     a.x = x ? x + j0 * k : nullptr;
+    a.m = m ? m + j0 * ws[0].rows : nullptr;
     if (xq && xq->q) {
       a.xq = *xq;
       a.xq.q += j0 * k;
@@ -337,21 +395,33 @@ void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const f
       a.xq.s += j0 * (k / 32);
     }
     switch (t) {
-      case WType::F32: launch_multi_nx<WType::F32>(a, st); break;
-      case WType::BF16: launch_multi_nx<WType::BF16>(a, st); break;
-      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, st); break;
-      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, st); break;
-      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, st); break;
+      case WType::F32: launch_multi_nx<WType::F32>(a, mode, st); break;
+      case WType::BF16: launch_multi_nx<WType::BF16>(a, mode, st); break;
+      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, mode, st); break;
+      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, mode, st); break;
+      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, mode, st); break;
     }
   }
   check_launch("gemv");
+}
+
+}  // namespace
+
+void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const float* x, const QuantX* xq, int64_t n,
+                cudaStream_t st) {
+  gemv_any(ws, ys, nw, glu ? kGlu : kPlain, nullptr, x, xq, n, st);
+}
+
+void gemv_gelu_times(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, const float* m, float* y,
+                     cudaStream_t st) {
+  gemv_any(&w, &y, 1, kGeluTimes, m, x, xq, n, st);
 }
 
 
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st) {
   if (n == 0 || w.rows == 0) return;
   if ((w.type == WType::F32 || w.type == WType::BF16) && w.cols % 8 != 0) {
-    k_gemv_scalar<<<unsigned((w.rows + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(w, x, n, y);
+    launch_kernel(k_gemv_scalar, unsigned((w.rows + kWarps - 1) / kWarps), kWarps * 32, 0, st, w, x, n, y);
     check_launch("gemv");
     return;
   }
@@ -365,19 +435,19 @@ void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const
   const QuantX none{};
   switch (w.type) {
     case WType::F32:
-      k_moe_gemv<WType::F32><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::F32>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair, h);
       break;
     case WType::BF16:
-      k_moe_gemv<WType::BF16><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::BF16>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair, h);
       break;
     case WType::Q8_0:
-      k_moe_gemv<WType::Q8_0><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q8_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
       break;
     case WType::Q4_0:
-      k_moe_gemv<WType::Q4_0><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q4_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
       break;
     case WType::Q4_K:
-      k_moe_gemv<WType::Q4_K><<<grid, kWarps * 32, 0, st>>>(w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q4_K>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
       break;
   }
   check_launch("moe gemv");
@@ -388,7 +458,7 @@ void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out,
   if (total == 0) return;
   int64_t blocks = (total + 255) / 256;
   if (blocks > 65535 * 16) blocks = 65535 * 16;
-  k_dequant_bf16<<<unsigned(blocks), 256, 0, st>>>(w, row0, rows, out);
+  launch_kernel(k_dequant_bf16, unsigned(blocks), 256, 0, st, w, row0, rows, out);
   check_launch("dequantize to bf16");
 }
 

@@ -221,17 +221,22 @@ void Gemma4Model::attention_block(int l, Tensor& x, Tensor& h, const Batch& batc
   } else {
     be_.matmul(h, w.q_proj, q);
   }
-  be_.rms_norm_rope(q, &w.q_norm, eps, add1, batch.positions.data(), w.inv_freq.data());
-
+  Backend::AttentionInputs in;
+  in.q_norm = &w.q_norm;
+  in.k_norm = w.owns_kv ? &w.k_norm : nullptr;
+  in.v_norm = cfg_.v_norm;
+  in.eps = eps;
+  in.add_one = add1;
+  in.pos = batch.positions.data();
+  in.inv_freq = w.inv_freq.data();
+  std::vector<Backend::AttentionSeq> writes;
   if (w.owns_kv) {
     if (!L.has_v_proj) be_.copy(k, v);  // attention_k_eq_v: V is the raw K projection, normalised without weight
-    be_.rms_norm_rope(k, &w.k_norm, eps, add1, batch.positions.data(), w.inv_freq.data());
-    Tensor v_rows = v.reshaped({n * nkv, hd});
-    if (cfg_.v_norm) be_.rms_norm(v_rows, nullptr, eps, false, v_rows);
-    std::vector<Backend::AttentionSeq> writes;
     for (const BatchSequence& s : batch.seqs)
       writes.push_back({&kv.store(s.kv_slot, l), s.begin, s.count, batch.positions.data() + s.begin});
-    be_.kv_write_batch(k, v, writes);
+    be_.attention_inputs(q, &k, &v, in, writes);
+  } else {
+    be_.attention_inputs(q, nullptr, nullptr, in, writes);
   }
 
   h = Tensor();
@@ -354,9 +359,7 @@ void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
     if (has_ple) {
       const int64_t P = cfg_.ple_dim;
       Tensor g = be_.scratch(DType::F32, {n, P});
-      be_.matmul(x, w.ple_gate, g);
-      Tensor ple_l = ple.slice_rows(l, 1).reshaped({n, P});
-      be_.gelu_tanh_mul(g, ple_l, g);
+      be_.matmul_gelu_times(x, w.ple_gate, ple.slice_rows(l, 1).reshaped({n, P}), g);
       Tensor p = be_.scratch(DType::F32, {n, H});
       be_.matmul(g, w.ple_proj, p);
       if (next_attn_norm) {
