@@ -130,8 +130,10 @@ class CudaModel : public ::testing::TestWithParam<std::string> {
 // activations with exact weights), and these random small models turn any such rounding into
 // logit changes of up to half the range (bf16 weights alone move the CPU by 0.19 on moe_like): the
 // GPU must then stay as close to the reference as kLogitTol + kOwnErrorFactor x the CPU's own
-// distance with the same weights. Both distances print.
-constexpr double kOwnErrorFactor = 2.0;
+// distance with the same weights. Both distances print. The factor is 3, not 1: on the CPU alone,
+// rounding the activations to bf16 as the GPU's bf16 path does moves e2b_like's 20-token prompt from
+// 0.015 (bf16 weights) to 0.098 of the range, which is where the GPU lands.
+constexpr double kOwnErrorFactor = 3.0;
 
 TEST_P(CudaModel, PromptLogitsMatchCpu) {
   const FixtureData f = load(GetParam());

@@ -162,6 +162,7 @@ class CudaBackend final : public Backend {
     check_blas(cublasLtCreate(&lt_), "creating a cuBLASLt handle");
     graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
     bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
+    gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
   }
@@ -762,6 +763,11 @@ class CudaBackend final : public Backend {
     if (debug_ & 1) return false;
     const bool q = is_quantized(gw[0].type);
     if (n > (q ? 2 * kGemvMaxRows : kGemvMaxRows)) return false;
+    if (gemv_rows_ >= 0 && n > gemv_rows_) {
+      bool gemm_ready = true;  // bf16 rows cuBLAS reads as they are (no slab dequantization)
+      for (const GpuWeight& w : gw) gemm_ready = gemm_ready && (w.type == WType::BF16 || w.bf16);
+      if (gemm_ready) return false;
+    }
     for (const GpuWeight& w : gw)
       if (w.type != gw[0].type || w.cols != gw[0].cols || (!q && w.cols % 8 != 0)) return false;
     return true;
@@ -895,6 +901,7 @@ class CudaBackend final : public Backend {
   void* blas_ws_ = nullptr;
   bool graphs_on_ = true;
   int bf16_copies_ = -1;
+  int gemv_rows_ = -1;  // most activation rows for the GEMV where cuBLAS could run instead (-1: built-in)
   int debug_ = 0;
   bool recording_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
