@@ -906,7 +906,10 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
 
   // attention_inputs' norm weights and rotary (a partial rotation, as Gemma 4's full layers).
   std::vector<float> qn(size_t(c.hd)), kn(size_t(c.hd));
-  for (int64_t i = 0; i < c.hd; ++i) qn[size_t(i)] = 0.5f + 0.01f * float(i % 17), kn[size_t(i)] = 1.5f - 0.02f * float(i % 13);
+  for (int64_t i = 0; i < c.hd; ++i) {
+    qn[size_t(i)] = 0.5f + 0.01f * float(i % 17);
+    kn[size_t(i)] = 1.5f - 0.02f * float(i % 13);
+  }
   const Tensor q_norm = upload(be, {c.hd}, qn), k_norm = upload(be, {c.hd}, kn);
   const std::vector<float> inv_freq = inv_freq_of(c.hd, c.hd / 4, 1e4f);
   Backend::AttentionInputs in;
@@ -1067,9 +1070,10 @@ TEST_F(CudaOps, AttentionInputsThenAttention) {
   std::mt19937 rng(16);
   std::vector<int64_t> history, last;
   for (int s = 0; s < 40; ++s) history.push_back(1 + int64_t(rng() % 120)), last.push_back(1 + (s % 7 == 0 ? 3 : 0));
-  for (AttnConfig c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged}, AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged},
-                       AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}, AttnConfig{4, 2, 64, 0, 0.f, 0.f, Layout::Flat},
-                       AttnConfig{4, 2, 16, 8, 0.f, 0.f, Layout::Ring}}) {
+  for (AttnConfig c :
+       {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged}, AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged},
+        AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}, AttnConfig{4, 2, 64, 0, 0.f, 0.f, Layout::Flat},
+        AttnConfig{4, 2, 16, 8, 0.f, 0.f, Layout::Ring}}) {
     c.fused_inputs = true;
     c.bf16_inputs = false;
     guarded("attention_inputs one-seq " + c.label(), [&] {

@@ -162,7 +162,8 @@ TEST_P(CudaModel, PromptLogitsMatchCpu) {
   // For the record: how far bf16 K/V alone moves the CPU (the GPU's K/V are bf16).
   auto f32kv = open_engine(f.dir, "cpu", "f32", 512, "f32");
   double own = 0;
-  for (size_t i = 0; i < f.prompts.size(); ++i) own = std::max(own, logit_error(f32kv->prompt_logits(f.prompts[i], 0), ref[i]).rel);
+  for (size_t i = 0; i < f.prompts.size(); ++i)
+    own = std::max(own, logit_error(f32kv->prompt_logits(f.prompts[i], 0), ref[i]).rel);
   std::printf("[ cuda-model ] %-13s bf16 K/V alone moves the CPU's logits by %.2e of the range\n", f.name.c_str(), own);
 }
 

@@ -100,8 +100,10 @@ __device__ __forceinline__ float norm_factor(const float* w, int64_t c, int add_
 // One weight element as f32 (lookups and conversions; matmuls use the wide paths).
 __device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_t c) {
   switch (w.type) {
-    case WType::F32: return static_cast<const float*>(w.qs)[r * w.cols + c];
-    case WType::BF16: return bf16_f32(static_cast<const uint16_t*>(w.qs)[r * w.cols + c]);
+    case WType::F32:
+      return static_cast<const float*>(w.qs)[r * w.cols + c];
+    case WType::BF16:
+      return bf16_f32(static_cast<const uint16_t*>(w.qs)[r * w.cols + c]);
     case WType::Q8_0: {
       const int64_t nb = w.cols / 32, b = c / 32;
       const int8_t q = static_cast<const int8_t*>(w.qs)[(r * nb + b) * 32 + c % 32];

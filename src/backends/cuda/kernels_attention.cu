@@ -25,7 +25,8 @@ __device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
 }
 
 __device__ __forceinline__ int64_t kv_slot(const KVSeq& s, int64_t pos) {
-  if (s.pages) return (int64_t(s.pages[pos >> s.page_shift]) << s.page_shift) | (pos & ((int64_t(1) << s.page_shift) - 1));
+  if (s.pages)
+    return (int64_t(s.pages[pos >> s.page_shift]) << s.page_shift) | (pos & ((int64_t(1) << s.page_shift) - 1));
   return s.ring ? pos % s.capacity : pos;
 }
 
@@ -56,8 +57,8 @@ __device__ __forceinline__ void load_row(const uint16_t* row, int64_t hd, int la
 
 // C: 256-element chunks of a head (1 or 2); GH: query heads per block.
 template <int C, int GH>
-__global__ void __launch_bounds__(kAttnWarps * 32) k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S,
-                                                               const float* q, float* out, float* part) {
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S, const float* q, float* out, float* part) {
   pdl_begin();
   extern __shared__ float sm[];  // [warps][GH][hd] acc, then [warps][GH] m and l
   const int64_t row = row0 + blockIdx.x;
@@ -221,8 +222,10 @@ __global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a
   const bool is_k = h < a.nh + a.nkv;
   const int64_t kh = is_k ? h - a.nh : h - a.nh - a.nkv;
   float* xr = (is_k ? k : v) + (row * a.nkv + kh) * a.hd;
-  if (is_k) head_norm_rope(xr, a.hd, 1, a.k_norm, a.eps, a.add_one, p, inv_freq, tmp, red);
-  else head_norm_rope(xr, a.hd, a.v_norm, nullptr, a.eps, 0, p, nullptr, tmp, red);
+  if (is_k)
+    head_norm_rope(xr, a.hd, 1, a.k_norm, a.eps, a.add_one, p, inv_freq, tmp, red);
+  else
+    head_norm_rope(xr, a.hd, a.v_norm, nullptr, a.eps, 0, p, nullptr, tmp, red);
   const int si = find_seq(seqs, row);
   if (si < 0) return;
   const KVSeq& s = seqs.s[si];
@@ -289,19 +292,27 @@ void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out
   const int c = a.hd > 256 ? 2 : 1;
 #define MB_ATTN(CC, GG) launch<CC, GG>(seqs, a, row0, rows, S, q, out, partial, st)
   if (c == 1) {
-    if (gh == 8) MB_ATTN(1, 8);
-    else if (gh == 4) MB_ATTN(1, 4);
-    else if (gh == 2) MB_ATTN(1, 2);
-    else MB_ATTN(1, 1);
+    if (gh == 8)
+      MB_ATTN(1, 8);
+    else if (gh == 4)
+      MB_ATTN(1, 4);
+    else if (gh == 2)
+      MB_ATTN(1, 2);
+    else
+      MB_ATTN(1, 1);
   } else {
-    if (gh == 4) MB_ATTN(2, 4);
-    else if (gh == 2) MB_ATTN(2, 2);
-    else MB_ATTN(2, 1);
+    if (gh == 4)
+      MB_ATTN(2, 4);
+    else if (gh == 2)
+      MB_ATTN(2, 2);
+    else
+      MB_ATTN(2, 1);
   }
 #undef MB_ATTN
   check_launch("attention");
   if (S > 1) {
-    launch_kernel(k_attention_merge, dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st, seqs, a, row0, S, partial, out);
+    launch_kernel(k_attention_merge, dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st, seqs, a, row0, S, partial,
+                  out);
     check_launch("attention merge");
   }
 }

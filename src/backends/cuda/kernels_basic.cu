@@ -39,8 +39,7 @@ __global__ void k_norm_rope(float* x, int64_t heads, int64_t hd, const float* w,
   head_norm_rope(x + blockIdx.x * hd, hd, do_norm, w, eps, add_one, float(pos[blockIdx.x / heads]), inv_freq, v, red);
 }
 
-__global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
-                               int64_t cols) {
+__global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale, int64_t cols) {
   pdl_begin();
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
@@ -268,16 +267,16 @@ void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t r
 
 void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq, cudaStream_t st) {
   if (n == 0) return;
-  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, nullptr, 0.f, 0, 0, pos,
-                                                                             inv_freq);
+  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, nullptr, 0.f, 0,
+                0, pos, inv_freq);
   check_launch("rope");
 }
 
 void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* w, float eps, bool add_one,
                    const int32_t* pos, const float* inv_freq, cudaStream_t st) {
   if (n == 0) return;
-  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, w, eps, add_one, 1, pos,
-                                                                             inv_freq);
+  launch_kernel(k_norm_rope, unsigned(n * heads), norm_threads(hd), size_t(hd) * 4, st, x, heads, hd, w, eps, add_one,
+                1, pos, inv_freq);
   check_launch("rms_norm_rope");
 }
 
@@ -291,8 +290,8 @@ void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_o
 void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
                        const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st) {
   if (rows == 0) return;
-  launch_kernel(k_add_rms_norm_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale, w_next, y,
-                                                                     cols);
+  launch_kernel(k_add_rms_norm_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale,
+                w_next, y, cols);
   check_launch("add_rms_norm_norm");
 }
 
@@ -362,8 +361,8 @@ void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t
 void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,
                   cudaStream_t st) {
   if (nblocks == 0) return;
-  launch_kernel(k_split_blocks, grid_1d(nblocks), 256, 0, st, static_cast<const uint8_t*>(raw), nblocks, block_bytes, qs_bytes,
-                                                   static_cast<uint8_t*>(qs), scale);
+  launch_kernel(k_split_blocks, grid_1d(nblocks), 256, 0, st, static_cast<const uint8_t*>(raw), nblocks, block_bytes,
+                qs_bytes, static_cast<uint8_t*>(qs), scale);
   check_launch("repack weight blocks");
 }
 
@@ -372,7 +371,8 @@ double copy_seconds(const void* src, void* dst, size_t bytes, int reps, cudaStre
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);  // warm-up
+  launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst),
+                n);  // warm-up
   cudaEventRecord(a, st);
   for (int r = 0; r < reps; ++r)
     launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);

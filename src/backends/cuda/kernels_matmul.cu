@@ -24,9 +24,11 @@ __device__ __forceinline__ float bf16r(float f) { return bf16_f32(f32_bf16(f)); 
 // adds its products with each of NX activation rows (x row j at x + j * k, or xq row j) into acc.
 // Loads and products are separate so that a lane can put several units' loads in flight before
 // it waits for the first: a GEMV is bound by how many bytes are in flight, not by arithmetic.
-template <WType T> struct Unit;
+template <WType T>
+struct Unit;
 
-template <> struct Unit<WType::F32> {
+template <>
+struct Unit<WType::F32> {
   static constexpr int kElems = 8;
   struct Raw {
     float4 a, b;
@@ -43,13 +45,14 @@ template <> struct Unit<WType::F32> {
       if (xrow[j] < 0) continue;
       const float* xp = x + xrow[j] * cols + u * 8;
       const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
-      acc[j] += r.a.x * c.x + r.a.y * c.y + r.a.z * c.z + r.a.w * c.w + r.b.x * d.x + r.b.y * d.y + r.b.z * d.z +
-                r.b.w * d.w;
+      acc[j] +=
+          r.a.x * c.x + r.a.y * c.y + r.a.z * c.z + r.a.w * c.w + r.b.x * d.x + r.b.y * d.y + r.b.z * d.z + r.b.w * d.w;
     }
   }
 };
 
-template <> struct Unit<WType::BF16> {
+template <>
+struct Unit<WType::BF16> {
   static constexpr int kElems = 8;
   struct Raw {
     int4 q;
@@ -74,13 +77,14 @@ template <> struct Unit<WType::BF16> {
       if (xrow[j] < 0) continue;
       const float* xp = x + xrow[j] * cols + u * 8;
       const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
-      acc[j] += wf[0] * bf16r(c.x) + wf[1] * bf16r(c.y) + wf[2] * bf16r(c.z) + wf[3] * bf16r(c.w) +
-                wf[4] * bf16r(d.x) + wf[5] * bf16r(d.y) + wf[6] * bf16r(d.z) + wf[7] * bf16r(d.w);
+      acc[j] += wf[0] * bf16r(c.x) + wf[1] * bf16r(c.y) + wf[2] * bf16r(c.z) + wf[3] * bf16r(c.w) + wf[4] * bf16r(d.x) +
+                wf[5] * bf16r(d.y) + wf[6] * bf16r(d.z) + wf[7] * bf16r(d.w);
     }
   }
 };
 
-template <> struct Unit<WType::Q8_0> {
+template <>
+struct Unit<WType::Q8_0> {
   static constexpr int kElems = 32;
   struct Raw {
     int4 a, b;
@@ -112,7 +116,8 @@ template <> struct Unit<WType::Q8_0> {
   }
 };
 
-template <> struct Unit<WType::Q4_0> {
+template <>
+struct Unit<WType::Q4_0> {
   static constexpr int kElems = 32;
   struct Raw {
     int4 a;
@@ -147,7 +152,8 @@ template <> struct Unit<WType::Q4_0> {
   }
 };
 
-template <> struct Unit<WType::Q4_K> {
+template <>
+struct Unit<WType::Q4_K> {
   static constexpr int kElems = 64;
   struct Raw {
     int4 head, qa, qb;  // head: d, dmin, 12 scale bytes
@@ -200,7 +206,8 @@ template <> struct Unit<WType::Q4_K> {
 };
 
 // Units a lane loads before it multiplies: ~128 bytes of weights in flight per lane and dot.
-template <WType T> __host__ __device__ constexpr int batch_units() {
+template <WType T>
+__host__ __device__ constexpr int batch_units() {
   return T == WType::Q4_0 ? 8 : T == WType::Q4_K ? 2 : 4;
 }
 
@@ -237,7 +244,7 @@ struct MultiArgs {
   int nw = 1;
   int64_t total_rows = 0;
   const float* x = nullptr;
-  QuantX xq;           // the activations quantized (block types)
+  QuantX xq;  // the activations quantized (block types)
   int64_t n = 0, k = 0;
   const float* m = nullptr;  // kGeluTimes: y = gelu_tanh(x · wᵀ) * m, m [n, rows]
 };
@@ -246,7 +253,9 @@ struct MultiArgs {
 __device__ __forceinline__ const GpuWeight& pick_w(const MultiArgs& a, int i) {
   return i == 0 ? a.w[0] : i == 1 ? a.w[1] : a.w[2];
 }
-__device__ __forceinline__ float* pick_y(const MultiArgs& a, int i) { return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2]; }
+__device__ __forceinline__ float* pick_y(const MultiArgs& a, int i) {
+  return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2];
+}
 __device__ __forceinline__ int64_t pick_rows(const MultiArgs& a, int i) {
   return i == 0 ? a.w[0].rows : i == 1 ? a.w[1].rows : a.w[2].rows;
 }
@@ -345,31 +354,42 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   const int64_t total = rows * w.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / w.cols, c = i % w.cols;
-    if (w.type == WType::BF16) out[i] = static_cast<const uint16_t*>(w.qs)[(row0 + r) * w.cols + c];
-    else out[i] = f32_bf16(weight_at(w, row0 + r, c));
+    if (w.type == WType::BF16)
+      out[i] = static_cast<const uint16_t*>(w.qs)[(row0 + r) * w.cols + c];
+    else
+      out[i] = f32_bf16(weight_at(w, row0 + r, c));
   }
 }
 
-template <WType T, int NX> void launch_multi(const MultiArgs& a, int mode, cudaStream_t st) {
+template <WType T, int NX>
+void launch_multi(const MultiArgs& a, int mode, cudaStream_t st) {
   const unsigned grid = unsigned((a.total_rows + kWarps - 1) / kWarps);
-  if (mode == kGlu) launch_kernel(k_gemv_multi<T, NX, kGlu>, grid, kWarps * 32, 0, st, a);
-  else if (mode == kGeluTimes) launch_kernel(k_gemv_multi<T, NX, kGeluTimes>, grid, kWarps * 32, 0, st, a);
-  else launch_kernel(k_gemv_multi<T, NX, kPlain>, grid, kWarps * 32, 0, st, a);
+  if (mode == kGlu)
+    launch_kernel(k_gemv_multi<T, NX, kGlu>, grid, kWarps * 32, 0, st, a);
+  else if (mode == kGeluTimes)
+    launch_kernel(k_gemv_multi<T, NX, kGeluTimes>, grid, kWarps * 32, 0, st, a);
+  else
+    launch_kernel(k_gemv_multi<T, NX, kPlain>, grid, kWarps * 32, 0, st, a);
 }
 
-template <WType T> void launch_multi_nx(const MultiArgs& a, int mode, cudaStream_t st) {
-  if (a.n == 1) launch_multi<T, 1>(a, mode, st);
-  else if (a.n == 2) launch_multi<T, 2>(a, mode, st);
-  else if (a.n <= 4) launch_multi<T, 4>(a, mode, st);
-  else launch_multi<T, 8>(a, mode, st);
+template <WType T>
+void launch_multi_nx(const MultiArgs& a, int mode, cudaStream_t st) {
+  if (a.n == 1)
+    launch_multi<T, 1>(a, mode, st);
+  else if (a.n == 2)
+    launch_multi<T, 2>(a, mode, st);
+  else if (a.n <= 4)
+    launch_multi<T, 4>(a, mode, st);
+  else
+    launch_multi<T, 8>(a, mode, st);
 }
 
 }  // namespace
 
 namespace {
 
-void gemv_any(const GpuWeight* ws, float* const* ys, int nw, int mode, const float* m, const float* x,
-              const QuantX* xq, int64_t n, cudaStream_t st) {
+void gemv_any(const GpuWeight* ws, float* const* ys, int nw, int mode, const float* m, const float* x, const QuantX* xq,
+              int64_t n, cudaStream_t st) {
   if (n == 0) return;
   const bool glu = mode == kGlu;
   const WType t = ws[0].type;
@@ -395,11 +415,21 @@ void gemv_any(const GpuWeight* ws, float* const* ys, int nw, int mode, const flo
       a.xq.s += j0 * (k / 32);
     }
     switch (t) {
-      case WType::F32: launch_multi_nx<WType::F32>(a, mode, st); break;
-      case WType::BF16: launch_multi_nx<WType::BF16>(a, mode, st); break;
-      case WType::Q8_0: launch_multi_nx<WType::Q8_0>(a, mode, st); break;
-      case WType::Q4_0: launch_multi_nx<WType::Q4_0>(a, mode, st); break;
-      case WType::Q4_K: launch_multi_nx<WType::Q4_K>(a, mode, st); break;
+      case WType::F32:
+        launch_multi_nx<WType::F32>(a, mode, st);
+        break;
+      case WType::BF16:
+        launch_multi_nx<WType::BF16>(a, mode, st);
+        break;
+      case WType::Q8_0:
+        launch_multi_nx<WType::Q8_0>(a, mode, st);
+        break;
+      case WType::Q4_0:
+        launch_multi_nx<WType::Q4_0>(a, mode, st);
+        break;
+      case WType::Q4_K:
+        launch_multi_nx<WType::Q4_K>(a, mode, st);
+        break;
     }
   }
   check_launch("gemv");
@@ -416,7 +446,6 @@ void gemv_gelu_times(const GpuWeight& w, const float* x, const QuantX* xq, int64
                      cudaStream_t st) {
   gemv_any(&w, &y, 1, kGeluTimes, m, x, xq, n, st);
 }
-
 
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st) {
   if (n == 0 || w.rows == 0) return;
@@ -435,19 +464,24 @@ void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const
   const QuantX none{};
   switch (w.type) {
     case WType::F32:
-      launch_kernel(k_moe_gemv<WType::F32>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::F32>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair,
+                    h);
       break;
     case WType::BF16:
-      launch_kernel(k_moe_gemv<WType::BF16>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::BF16>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair,
+                    h);
       break;
     case WType::Q8_0:
-      launch_kernel(k_moe_gemv<WType::Q8_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q8_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
+                    h);
       break;
     case WType::Q4_0:
-      launch_kernel(k_moe_gemv<WType::Q4_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q4_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
+                    h);
       break;
     case WType::Q4_K:
-      launch_kernel(k_moe_gemv<WType::Q4_K>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair, h);
+      launch_kernel(k_moe_gemv<WType::Q4_K>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
+                    h);
       break;
   }
   check_launch("moe gemv");
