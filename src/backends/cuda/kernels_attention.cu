@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const uint16_t* V = static_cast<const uint16_t*>(s.v);
   for (int64_t key = kb + warp; key < ke; key += kAttnWarps) {
     const int64_t base = (kv_slot(s, key) * a.n_kv + g) * hd;
-    float kf[C][8];
+    float kf[C][8], vf[C][8];
     load_row<C>(K + base, hd, lane, kf);
+    load_row<C>(V + base, hd, lane, vf);  // issued with K's: one memory round trip a key, not two
     float sc[GH];
 #pragma unroll
     for (int i = 0; i < GH; ++i) {
@@ -109,8 +110,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       if (a.softcap > 0.f) d = a.softcap * tanhf(d / a.softcap);
       sc[i] = d;
     }
-    float vf[C][8];
-    load_row<C>(V + base, hd, lane, vf);
 #pragma unroll
     for (int i = 0; i < GH; ++i) {
       const float mn = fmaxf(m[i], sc[i]);
@@ -269,12 +268,12 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
 }  // namespace
 
 int64_t attention_splits(const AttnArgs& a) {
-  // Up to 256 keys a row: one block per row and head group, no merge. Longer: enough splits to
-  // fill the GPU twice over, of at least 128 keys each, and no more than 512 keys a split.
-  if (a.max_keys <= 256) return 1;
+  // Enough splits to fill the GPU twice over, of at least 32 keys each and at most 512: a warp
+  // walks its keys one after another, so in decode (a few rows) the keys per warp, not the bytes,
+  // set the time. Prefill rows fill the GPU alone (one split, no merge).
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
   const int64_t fill = (2 * 132 + base - 1) / (base > 0 ? base : 1);
-  int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 127) / 128));
+  int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 31) / 32));
   return s < 1 ? 1 : s > 32 ? 32 : s;
 }
 
