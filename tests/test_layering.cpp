@@ -44,11 +44,12 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"core", {"core"}},
       {"formats", {"core", "formats"}},
       {"tokenizer", {"core", "tokenizer"}},
+      {"media", {"core", "media"}},
       {"backends", {"core", "backends"}},
-      {"models", {"core", "formats", "tokenizer", "backends", "models"}},
-      {"runtime", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase"}},
-      {"server", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase", "server"}},
-      {"cli", {"core", "formats", "tokenizer", "backends", "models", "runtime", "markbase", "server", "cli"}},
+      {"models", {"core", "formats", "tokenizer", "media", "backends", "models"}},
+      {"runtime", {"core", "formats", "tokenizer", "media", "backends", "models", "runtime", "markbase"}},
+      {"server", {"core", "formats", "tokenizer", "media", "backends", "models", "runtime", "markbase", "server"}},
+      {"cli", {"core", "formats", "tokenizer", "media", "backends", "models", "runtime", "markbase", "server", "cli"}},
   };
   return m;
 }
