@@ -36,10 +36,22 @@ struct EngineOptions {
   int64_t max_context = 0;     // tokens a sequence may hold, prompt included; 0: the model's maximum
 };
 
+// An image (PNG, JPEG, GIF, BMP, WebP) or an audio clip (WAV, FLAC, OGG, MP3) for the prompt.
+struct Media {
+  enum class Kind { Image, Audio };
+  Kind kind = Kind::Image;
+  std::string path;            // a file to read, or
+  std::vector<uint8_t> bytes;  // its contents (then `path` only names it in errors)
+};
+
 struct Request {
   std::vector<int32_t> prompt_tokens;  // used as given: no BOS is added
   std::string prompt;  // used when prompt_tokens is empty: tokenized with BOS, or as a chat turn
   bool chat = false;   // wrap `prompt` as one user turn in the model's chat template
+  // Images and audio, in order: with chat they come before the text in the user turn; otherwise the
+  // k-th image fills the k-th run of image placeholders in the prompt (a single placeholder is
+  // expanded to the image's soft-token count), or they go right after BOS when it has none.
+  std::vector<Media> media;
   std::string system_prompt;  // with chat: a system turn before the user turn (empty: none)
   bool enable_thinking = false;
   int max_new_tokens = 16;
@@ -83,7 +95,9 @@ class Engine {
   virtual Result generate(const Request& req) = 0;
   // Logits [n, vocab] for every prompt position, row-major. chunk = tokens per forward step
   // (0: the whole prompt at once; 1: one token at a time through the KV cache).
-  virtual std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk = 0) = 0;
+  // `media` fills the prompt's placeholder runs as Request::media does.
+  virtual std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk = 0,
+                                           const std::vector<Media>& media = {}) = 0;
   virtual const ModelInfo& info() const = 0;
 
   // Text helpers; throw markbase::Error when the model carries no tokenizer.

@@ -216,6 +216,8 @@ class Backend {
   virtual void scale(Tensor& x, float s) = 0;
   // x = cap * tanh(x / cap)
   virtual void softcap(Tensor& x, float cap) = 0;
+  // x = min(max(x, lo), hi) (the vision and audio towers' clipped linears).
+  virtual void clamp(Tensor& x, float lo, float hi) = 0;
   // Mixture-of-experts routing: softmax over each row of logits [n, E], keep the top k,
   // renormalise them to sum 1, multiply by per_expert_scale[e] when given.
   virtual void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale,
@@ -231,6 +233,9 @@ class Backend {
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Copies device data to host memory (no-op copy on the CPU backend).
   virtual void to_host(const Tensor& src, void* dst) = 0;
+  // The inverse: dst's bytes from host memory (media soft tokens into the embedded rows, image
+  // patches into an encoder). Not inside a recorded step.
+  virtual void upload(const void* src, Tensor& dst) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -125,6 +125,9 @@ void ProfilingBackend::scale(Tensor& x, float s) {
 void ProfilingBackend::softcap(Tensor& x, float cap) {
   timed("softcap", [&] { in_.softcap(x, cap); });
 }
+void ProfilingBackend::clamp(Tensor& x, float lo, float hi) {
+  timed("clamp", [&] { in_.clamp(x, lo, hi); });
+}
 void ProfilingBackend::route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                                   Tensor& experts) {
   timed("route_topk", [&] { in_.route_topk(logits, k, per_expert_scale, weights, experts); });
@@ -144,6 +147,9 @@ void ProfilingBackend::copy(const Tensor& src, Tensor& dst) {
 }
 void ProfilingBackend::to_host(const Tensor& src, void* dst) {
   timed("to_host", [&] { in_.to_host(src, dst); });
+}
+void ProfilingBackend::upload(const void* src, Tensor& dst) {
+  timed("upload", [&] { in_.upload(src, dst); });
 }
 
 }  // namespace mb

@@ -70,6 +70,7 @@ class ProfilingBackend : public Backend {
   void mul(const Tensor& a, const Tensor& b, Tensor& out) override;
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
+  void clamp(Tensor& x, float lo, float hi) override;
   void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                   Tensor& experts) override;
   void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& weights,
@@ -78,6 +79,7 @@ class ProfilingBackend : public Backend {
   void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void to_host(const Tensor& src, void* dst) override;
+  void upload(const void* src, Tensor& dst) override;
 
  private:
   // Op name, and for matmuls the (first) weight's rows, columns, dtype and how many weights.

@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "core/printable.h"
 #include "formats/gguf.h"
+#include "models/checkpoint.h"
 #include "models/hf_config.h"
+#include "models/media_encoder.h"
 
 namespace mb {
 
@@ -68,6 +70,11 @@ bool split_layer(std::string_view s, std::string_view prefix, std::string_view& 
 constexpr std::string_view kGgufLayer = "blk.", kHfLayer = "model.layers.";
 
 }  // namespace
+
+std::unique_ptr<MediaEncoder> Architecture::make_media_encoder(std::shared_ptr<const Checkpoint> ck,
+                                                               Backend& backend) const {
+  fail("{}: {} models read text only (no image or audio input)", ck->path, name());
+}
 
 std::string Architecture::gguf_to_hf_name(const std::string& g) const {
   for (const std::string& d : gguf_derived_tensors())

@@ -19,6 +19,7 @@ namespace mb {
 class Backend;
 class GgufFile;
 class GgufWriter;
+class MediaEncoder;
 class Model;
 struct Checkpoint;
 struct ModelLoadOptions;
@@ -79,6 +80,10 @@ class Architecture {
   // --- The forward pass
   virtual std::unique_ptr<Model> make_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                             const ModelLoadOptions& opts) const = 0;
+  // Its image/audio front-ends over a checkpoint opened with its multimodal tensors; throws for an
+  // architecture (or a checkpoint) that reads text only.
+  virtual std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck,
+                                                           Backend& backend) const;
 
   // --- Text
   // Token texts that end a reply (the instruction-tuned generation_config's stop ids).

@@ -59,6 +59,7 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   bool have_gen = fs::exists(p / "generation_config.json");
   if (have_gen) gen = read_json_file(p / "generation_config.json");
   ck->config = parse_hf_config(config, (p / "config.json").string(), have_gen ? &gen : nullptr);
+  ck->hf_config = config;
   const Architecture& arch = ck->architecture();
 
   auto keep = [&](const std::string& name) { return opts.load_multimodal || !arch.is_multimodal_tensor(name); };

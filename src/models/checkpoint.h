@@ -2,6 +2,7 @@
 // and the architecture that reads it.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "formats/tensor_registry.h"
@@ -19,6 +20,8 @@ struct Checkpoint {
   // Set for GGUF files: the metadata, tokenizer.ggml.* included (export copies it). Runtimes drop
   // it once the model is loaded; tensors stay valid (the registry keeps the mapping).
   std::shared_ptr<const GgufFile> gguf;
+  // config.json as read (Hugging Face folders): the vision/audio towers read their parts of it.
+  nlohmann::json hf_config;
 
   const Architecture& architecture() const;
 };

@@ -27,11 +27,21 @@ struct BatchSequence {
   int64_t count = 0;
 };
 
+// Rows of a batch whose input embedding is given rather than looked up: media soft tokens, which
+// replace their placeholders' embeddings. data [count, hidden] f32 on the host, valid through the
+// forward call. The rows' tokens should be the pad id: transformers looks placeholders up as pad for
+// the per-layer embeddings.
+struct EmbeddingRows {
+  int64_t row = 0, count = 0;
+  const float* data = nullptr;
+};
+
 struct Batch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;  // absolute position of each token in its sequence
   std::vector<BatchSequence> seqs;
   std::vector<int32_t> logit_rows;  // token rows whose logits are wanted, in output order
+  std::vector<EmbeddingRows> embeddings;
 };
 
 struct ModelLoadOptions {

@@ -67,13 +67,19 @@ class LocalEngine final : public Engine {
 
   const ModelInfo& info() const override { return info_; }
 
-  std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk) override {
+  std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk,
+                                   const std::vector<Media>& media) override {
     mb::GenerationOptions o;
     o.max_tokens = 0;
     o.want_prompt_logits = true;
     o.prompt_chunk = std::max(chunk, 0);
     std::vector<float> logits;
-    run(std::vector<int32_t>(tokens.begin(), tokens.end()), o, [&](mb::StreamEvent& e) {
+    std::vector<int32_t> prompt(tokens.begin(), tokens.end());
+    std::vector<mb::MediaSpan> spans = place_media(prompt, media);
+    MB_CHECK(int64_t(prompt.size()) == int64_t(tokens.size()),
+             "logits: the media's soft tokens do not fill the placeholder runs of the given ids exactly (give one run "
+             "of each media's soft-token count)");
+    run(std::move(prompt), o, std::move(spans), [&](mb::StreamEvent& e) {
       if (!e.prompt_logits.empty()) logits = std::move(e.prompt_logits);
       return true;
     });
@@ -84,8 +90,10 @@ class LocalEngine final : public Engine {
     Result res;
     if (!req.prompt_tokens.empty()) res.prompt_ids = req.prompt_tokens;
     else if (req.chat)
-      res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking, req.system_prompt);
+      res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking, req.system_prompt,
+                                                  media_parts(req.media));
     else if (!req.prompt.empty()) res.prompt_ids = codec().encode(req.prompt, /*add_bos=*/true);
+    std::vector<mb::MediaSpan> spans = place_media(res.prompt_ids, req.media);
     MB_CHECK(!res.prompt_ids.empty(), "empty prompt: give text or at least one token");
     MB_CHECK(req.system_prompt.empty() || (req.chat && req.prompt_tokens.empty()),
              "a system prompt needs chat and a text prompt (not token ids)");
@@ -103,7 +111,7 @@ class LocalEngine final : public Engine {
     const auto t0 = std::chrono::steady_clock::now();
     auto first = t0;
     bool cancelled = false;
-    const mb::RequestUsage usage = run(res.prompt_ids, o, [&](mb::StreamEvent& e) {
+    const mb::RequestUsage usage = run(res.prompt_ids, o, std::move(spans), [&](mb::StreamEvent& e) {
       for (const mb::GeneratedToken& g : e.tokens) {
         if (res.tokens.empty()) first = std::chrono::steady_clock::now();
         res.tokens.push_back(g.token);
@@ -143,16 +151,38 @@ class LocalEngine final : public Engine {
 
   // Runs one request to its end on this thread; `on_event` returning false cancels it.
   template <typename F>
-  mb::RequestUsage run(std::vector<int32_t> prompt, const mb::GenerationOptions& o, F&& on_event) {
-    core_.validate(prompt, o);
+  mb::RequestUsage run(std::vector<int32_t> prompt, const mb::GenerationOptions& o, std::vector<mb::MediaSpan> media,
+                       F&& on_event) {
+    core_.validate(prompt, o, media);
     auto stream = std::make_shared<mb::RequestStream>("local", o.n);
-    core_.add(stream, mb::PendingRequest{std::move(prompt), o});
+    core_.add(stream, mb::PendingRequest{std::move(prompt), o, std::move(media)});
     while (!stream->done()) {
       if (core_.has_work()) core_.step();
       while (auto e = stream->next(std::chrono::milliseconds(0)))
         if (!on_event(*e)) stream->cancel();
     }
     return stream->usage();
+  }
+
+  // The chat template's parts for the media, which it prints as one placeholder each.
+  static std::vector<std::string> media_parts(const std::vector<Media>& media) {
+    std::vector<std::string> parts;
+    for (const Media& m : media) parts.push_back(m.kind == Media::Kind::Image ? "image" : "audio");
+    return parts;
+  }
+
+  std::vector<mb::MediaSpan> place_media(std::vector<int32_t>& prompt, const std::vector<Media>& media) {
+    if (media.empty()) return {};
+    std::vector<mb::MediaItem> items;
+    for (size_t i = 0; i < media.size(); ++i) {
+      const Media& m = media[i];
+      mb::MediaItem it;
+      it.kind = m.kind == Media::Kind::Image ? mb::MediaItem::Kind::Image : mb::MediaItem::Kind::Audio;
+      it.what = !m.path.empty() ? m.path : fmt::format("{} {} of the request", m.kind == Media::Kind::Image ? "image" : "audio clip", i + 1);
+      it.bytes = m.bytes.empty() && !m.path.empty() ? mb::read_media_file(m.path) : m.bytes;
+      items.push_back(std::move(it));
+    }
+    return core_.media().place(prompt, items, core_.config().bos_id);
   }
 
   const mb::TextCodec& codec() const {

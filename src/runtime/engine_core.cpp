@@ -189,9 +189,25 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
 
 EngineCore::~EngineCore() = default;
 
-void EngineCore::validate(const std::vector<int32_t>& prompt, const GenerationOptions& o) const {
+PromptMedia& EngineCore::media() {
+  if (!media_) media_ = std::make_unique<PromptMedia>(opts_.model_path, *backend_);
+  return *media_;
+}
+
+void EngineCore::validate(const std::vector<int32_t>& prompt, const GenerationOptions& o,
+                          const std::vector<MediaSpan>& media) const {
   const int64_t vocab = model_->config().vocab_size;
   MB_CHECK(!prompt.empty(), "empty prompt: give text or at least one token");
+  int64_t media_end = 0;
+  for (const MediaSpan& m : media) {
+    MB_CHECK(m.pos >= media_end && m.count > 0 && m.pos + m.count <= int64_t(prompt.size()),
+             "media soft tokens at prompt positions [{}, {}) overlap another or leave the {}-token prompt", m.pos,
+             m.pos + m.count, prompt.size());
+    MB_CHECK(m.embeddings && int64_t(m.embeddings->size()) == m.count * model_->config().hidden_size,
+             "media soft tokens: {} values for {} tokens of width {}", m.embeddings ? m.embeddings->size() : 0,
+             m.count, model_->config().hidden_size);
+    media_end = m.pos + m.count;
+  }
   for (int32_t t : prompt) MB_CHECK(t >= 0 && t < vocab, "token id {} is outside the vocabulary [0, {})", t, vocab);
   MB_CHECK(int64_t(prompt.size()) <= max_context_, "prompt of {} tokens exceeds the context size {}", prompt.size(),
            max_context_);
@@ -235,6 +251,9 @@ void EngineCore::add(std::shared_ptr<RequestStream> stream, PendingRequest req) 
     c->index = i;
     c->id = next_seq_id_++;
     c->tokens = req.prompt;
+    c->media = req.media;
+    for (const MediaSpan& m : req.media)
+      for (int64_t j = 0; j < m.count; ++j) c->tokens[size_t(m.pos + j)] = media_token(m.hash, j);
     c->n_prompt = int64_t(req.prompt.size());
     c->max_chunk = o.prompt_chunk;
     c->prefix_cache = !o.want_prompt_logits;

@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "runtime/async_engine.h"
 #include "runtime/kv_pages.h"
+#include "runtime/media.h"
 #include "runtime/model_runner.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
@@ -30,7 +31,9 @@ class EngineCore {
 
   // Throws mb::Error when the request cannot run: bad ids or settings, a prompt the context
   // cannot hold, stop strings without a tokenizer.
-  void validate(const std::vector<int32_t>& prompt, const GenerationOptions& opts) const;
+  // Media spans must lie inside the prompt in order, each with count × hidden floats.
+  void validate(const std::vector<int32_t>& prompt, const GenerationOptions& opts,
+                const std::vector<MediaSpan>& media = {}) const;
   // Queues a validated request; its events go to `stream`.
   void add(std::shared_ptr<RequestStream> stream, PendingRequest req);
   bool has_work() const { return !requests_.empty(); }
@@ -47,6 +50,9 @@ class EngineCore {
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
   const KVPageManager& pages() const { return *pages_; }
   const EngineOptions& options() const { return opts_; }
+  // The model's image/audio front-ends on this engine's backend (made on first use). Call it
+  // on the thread that runs step(): encoders use the backend.
+  PromptMedia& media();
 
  private:
   struct Choice;
@@ -64,6 +70,7 @@ class EngineCore {
   std::unique_ptr<KVPageManager> pages_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<PromptMedia> media_;
   std::list<std::unique_ptr<Request>> requests_;
   int64_t next_seq_id_ = 0;
   ModelRunner::Output out_;

@@ -1,5 +1,7 @@
 #include "runtime/model_runner.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace mb {
@@ -14,6 +16,8 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
   batch_.positions.clear();
   batch_.seqs.clear();
   batch_.logit_rows.clear();
+  batch_.embeddings.clear();
+  const int32_t pad = model_.config().pad_id;
   out.first_row.assign(chunks.size(), -1);
   out.n_rows.assign(chunks.size(), 0);
   std::vector<const SeqPages*> pages;
@@ -21,8 +25,13 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
     const ScheduledChunk& c = chunks[i];
     const int64_t begin = int64_t(batch_.tokens.size());
     for (int64_t p = c.begin; p < c.begin + c.count; ++p) {
-      batch_.tokens.push_back(c.seq->tokens[size_t(p)]);
+      const int32_t t = c.seq->tokens[size_t(p)];
+      batch_.tokens.push_back(t >= kMediaTokenBase ? pad : t);  // looked up as pad, as transformers does
       batch_.positions.push_back(int32_t(p));
+    }
+    for (const MediaSpan& m : c.seq->media) {  // the part of each media span this chunk computes
+      const int64_t b = std::max(m.pos, c.begin), e = std::min(m.pos + m.count, c.begin + c.count);
+      if (b < e) batch_.embeddings.push_back({begin + b - c.begin, e - b, m.embeddings->data() + (b - m.pos) * model_.config().hidden_size});
     }
     batch_.seqs.push_back({int(i), begin, c.count});
     pages.push_back(&c.seq->pages);

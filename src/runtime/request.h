@@ -2,6 +2,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -71,10 +72,20 @@ struct RequestUsage {
   int preemptions = 0;
 };
 
+// An image's or an audio clip's soft tokens in a prompt: they replace the embeddings of prompt
+// positions [pos, pos + count) (its placeholder run). `hash` identifies the media's content: the
+// prefix cache keys those positions by it, so the same image in the same place reuses its KV.
+struct MediaSpan {
+  int64_t pos = 0, count = 0;
+  std::shared_ptr<const std::vector<float>> embeddings;  // [count, hidden]
+  uint64_t hash = 0;
+};
+
 // A request as the engine thread receives it.
 struct PendingRequest {
   std::vector<int32_t> prompt;
   GenerationOptions opts;
+  std::vector<MediaSpan> media;  // in prompt order, not overlapping
 };
 
 // Latency histogram: counts[i] = observations in (bounds[i - 1], bounds[i]], the last bucket

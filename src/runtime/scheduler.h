@@ -15,14 +15,24 @@
 #include <vector>
 
 #include "runtime/kv_pages.h"
+#include "runtime/request.h"
 
 namespace mb {
 
 enum class SeqStatus { Waiting, Running, Finished };
 
+inline constexpr int32_t kMediaTokenBase = int32_t(1) << 30;
+// The id Sequence::tokens holds at position i of a media span with content hash h.
+inline int32_t media_token(uint64_t hash, int64_t i) {
+  return kMediaTokenBase | int32_t((hash + uint64_t(i) * 0x9E3779B97F4A7C15ull) >> 34);
+}
+
 struct Sequence {
   int64_t id = 0;                 // arrival order: lower ids are served first
-  std::vector<int32_t> tokens;    // the prompt, then every generated token
+  // The prompt, then every generated token. Positions a media span covers hold ids derived from
+  // the media's hash (>= kMediaTokenBase, never a vocabulary id), which is what the prefix cache keys.
+  std::vector<int32_t> tokens;
+  std::vector<MediaSpan> media;
   int64_t n_prompt = 0;
   int64_t n_computed = 0;         // positions whose KV the pages hold
   int64_t n_prompt_cached = 0;    // prompt positions the prefix cache gave at first admission

@@ -106,11 +106,19 @@ std::vector<int32_t> TextCodec::encode_chat(const ChatTemplateInputs& in) const 
 }
 
 std::vector<int32_t> TextCodec::encode_user_prompt(const std::string& text, bool enable_thinking,
-                                                   const std::string& system) const {
+                                                   const std::string& system,
+                                                   const std::vector<std::string>& media) const {
   ChatTemplateInputs in;
   in.messages = nlohmann::ordered_json::array();
   if (!system.empty()) in.messages.push_back({{"role", "system"}, {"content", system}});
-  in.messages.push_back({{"role", "user"}, {"content", text}});
+  if (media.empty()) {
+    in.messages.push_back({{"role", "user"}, {"content", text}});
+  } else {
+    nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+    for (const std::string& m : media) parts.push_back({{"type", m}});
+    parts.push_back({{"type", "text"}, {"text", text}});
+    in.messages.push_back({{"role", "user"}, {"content", parts}});
+  }
   in.add_generation_prompt = true;
   in.enable_thinking = enable_thinking;
   return encode_chat(in);

@@ -34,8 +34,10 @@ class TextCodec {
   std::vector<int32_t> encode_chat(const ChatTemplateInputs& in) const;
   // A single user turn, as `generate -p TEXT --chat` sends it, after a system turn when `system`
   // is not empty.
+  // `media` ("image", "audio") are parts of the turn before the text, as the template prints them.
   std::vector<int32_t> encode_user_prompt(const std::string& text, bool enable_thinking = false,
-                                          const std::string& system = "") const;
+                                          const std::string& system = "",
+                                          const std::vector<std::string>& media = {}) const;
 
   // Ids that end a reply: the model's end-of-sequence ids plus the template's end-of-turn tokens.
   std::vector<int32_t> stop_ids(const std::vector<int32_t>& model_eos) const;

@@ -317,6 +317,12 @@ class CpuBackend final : public Backend {
     cpu::softcap(x.f32(), x.numel(), cap);
   }
 
+  void clamp(Tensor& x, float lo, float hi) override {
+    check_f32(x, "clamp", "x");
+    float* p = x.f32();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = std::min(std::max(p[i], lo), hi);
+  }
+
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
     check_f32(out, "embed", "out");
     const int64_t d = table.cols(), vocab = table.rows();
@@ -655,6 +661,8 @@ class CpuBackend final : public Backend {
       std::memcpy(static_cast<uint8_t*>(dst) + b, static_cast<const uint8_t*>(src.data) + b, size_t(e - b));
     });
   }
+
+  void upload(const void* src, Tensor& dst) override { std::memcpy(dst.data, src, dst.nbytes()); }
 
  private:
   ScratchPool scratch_;

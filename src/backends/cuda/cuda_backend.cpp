@@ -585,6 +585,7 @@ class CudaBackend final : public Backend {
   }
   void scale(Tensor& x, float s) override { cuda::scale(x.f32(), x.numel(), s, st_); }
   void softcap(Tensor& x, float cap) override { cuda::softcap(x.f32(), x.numel(), cap, st_); }
+  void clamp(Tensor& x, float lo, float hi) override { cuda::clamp(x.f32(), x.numel(), lo, hi, st_); }
 
   void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                   Tensor& experts) override {
@@ -637,6 +638,17 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, Tensor& dst) override {
     MB_CHECK(src.nbytes() == dst.nbytes(), "copy: sizes differ ({} vs {})", src.shape_str(), dst.shape_str());
     check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, st_), "copy");
+  }
+
+  void upload(const void* src, Tensor& dst) override {
+    MB_CHECK(!recording_, "cuda backend: upload inside a recorded step");
+    if (dst.device != Device::CUDA) {
+      std::memcpy(dst.data, src, dst.nbytes());
+      return;
+    }
+    // Synchronous: the caller may free or reuse `src` as soon as this returns.
+    check(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, st_), "copying to the device");
+    check(cudaStreamSynchronize(st_), "copying to the device");
   }
 
   void to_host(const Tensor& src, void* dst) override {

@@ -77,6 +77,7 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st)
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
 void scale(float* x, int64_t n, float s, cudaStream_t st);
 void softcap(float* x, int64_t n, float cap, cudaStream_t st);
+void clamp(float* x, int64_t n, float lo, float hi, cudaStream_t st);
 void slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst, cudaStream_t st);
 void gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, float* dst, cudaStream_t st);
 

@@ -105,6 +105,11 @@ __global__ void k_softcap(float* x, int64_t n, float cap) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = tanhf(x[i] * inv) * cap;
 }
+__global__ void k_clamp(float* x, int64_t n, float lo, float hi) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = fminf(fmaxf(x[i], lo), hi);
+}
 __global__ void k_slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst) {
   pdl_begin();
   const int64_t n = rows * w;
@@ -324,6 +329,11 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t st) {
   if (n == 0) return;
   launch_kernel(k_softcap, grid_1d(n), 256, 0, st, x, n, cap);
   check_launch("softcap");
+}
+void clamp(float* x, int64_t n, float lo, float hi, cudaStream_t st) {
+  if (n == 0) return;
+  launch_kernel(k_clamp, grid_1d(n), 256, 0, st, x, n, lo, hi);
+  check_launch("clamp");
 }
 void slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst, cudaStream_t st) {
   if (rows * w == 0) return;

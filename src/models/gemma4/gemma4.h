@@ -8,6 +8,7 @@
 #include <string>
 
 #include "models/architecture.h"
+#include "models/media_encoder.h"
 #include "models/model_config.h"
 
 namespace mb {
@@ -19,6 +20,9 @@ namespace mb::gemma4 {
 // The text decoder (models/gemma4/model.cpp) for a Gemma 4 or Gemma 3 config.
 std::unique_ptr<Model> make_decoder(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                     const ModelLoadOptions& opts);
+
+// Its image and audio front-ends (models/gemma4/media.cpp).
+std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck, Backend& backend);
 
 // config.json's text part (Gemma4TextConfig / Gemma4UnifiedTextConfig) -> ModelConfig.
 ModelConfig parse_hf_text(const nlohmann::json& text_config, bool unified, const std::string& source);

@@ -316,9 +316,13 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
   }
   const int64_t r = int64_t(batch.logit_rows.size());
   logits.resize(size_t(r * V));
+  for (const EmbeddingRows& e : batch.embeddings)
+    MB_CHECK(e.row >= 0 && e.count > 0 && e.row + e.count <= n && e.data, "forward: embedding rows [{}, {}) of {}",
+             e.row, e.row + e.count, n);
   const StepInputs in = step_inputs(batch, kv, cfg_, be_);
   be_.stage(in.arrays);
-  if (in.record_key == 0 || r == 0) {
+  // Steps with given embeddings are prompt steps: never recorded (the rows' data is not staged).
+  if (in.record_key == 0 || r == 0 || !batch.embeddings.empty()) {
     Tensor out = r > 0 ? be_.scratch(DType::F32, {r, V}) : Tensor();
     compute(batch, kv, out);
     if (r > 0) be_.to_host(out, logits.data());
@@ -342,6 +346,10 @@ void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
   const int64_t n = int64_t(batch.tokens.size()), H = cfg_.hidden_size;
   Tensor x = be_.scratch(DType::F32, {n, H});
   be_.embed(embed_tokens, batch.tokens.data(), n, embed_scale, x);  // [n, H]
+  for (const EmbeddingRows& e : batch.embeddings) {  // soft tokens over their placeholders' rows
+    Tensor rows = x.slice_rows(e.row, e.count);
+    be_.upload(e.data, rows);
+  }
   Tensor ple;
   if (cfg_.ple_dim > 0) ple = per_layer_inputs(batch, x);          // [L, n, P]
 

@@ -1,0 +1,303 @@
+// Shapes: n = real patches of the image, D = vision width, nh = heads, hd = head dim, F = MLP
+// width, k = pooling kernel, m = n / k² soft tokens, H = language model width.
+#include "models/gemma4_vision/encoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "models/hf_config.h"
+
+namespace mb::gemma4_vision {
+
+namespace {
+constexpr const char* kTower = "model.vision_tower.";
+constexpr const char* kProjector = "model.embed_vision.embedding_projection.weight";
+
+// A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
+struct ClippedLinear {
+  Tensor w;
+  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
+  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
+  bool clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
+  bool clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
+};
+}  // namespace
+
+struct VisionEncoder::Weights {
+  struct Layer {
+    Tensor input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm, q_norm, k_norm;
+    ClippedLinear q, k, v, o, gate, up, down;
+  };
+  Tensor patch_proj, pos_table, projector, std_bias, std_scale;
+  std::vector<Layer> layers;
+  std::vector<float> inv_freq;  // hd/4 frequencies of each half's rotation
+};
+
+VisionConfig parse_vision_config(const nlohmann::json& config, const std::string& source) {
+  MB_CHECK(config.contains("vision_config") && config["vision_config"].is_object(),
+           "{}: this model has no vision_config, so it cannot read images", source);
+  const nlohmann::json& v = config["vision_config"];
+  hf::Reader r{v, source};
+  VisionConfig c;
+  c.hidden = r.get("hidden_size", 768);
+  c.layers = r.get("num_hidden_layers", 16);
+  c.heads = r.get("num_attention_heads", 12);
+  c.kv_heads = r.get("num_key_value_heads", c.heads);
+  c.head_dim = r.get("head_dim", c.heads > 0 ? c.hidden / c.heads : 0);
+  c.ffn = r.get("intermediate_size", 3072);
+  c.patch_size = r.get("patch_size", 16);
+  c.pooling_kernel = r.get("pooling_kernel_size", 3);
+  c.position_table = r.get("position_embedding_size", 10240);
+  c.eps = float(r.get("rms_norm_eps", 1e-6));
+  c.standardize = r.get("standardize", false);
+  c.clipped_linears = r.get("use_clipped_linears", false);
+  if (v.contains("rope_parameters") && v["rope_parameters"].is_object())
+    c.rope_theta = float(hf::Reader{v["rope_parameters"], source}.get("rope_theta", 100.0));
+  const nlohmann::json& text = config.contains("text_config") ? config["text_config"] : config;
+  c.text_hidden = hf::Reader{text, source}.get("hidden_size", 0);
+  MB_CHECK(c.hidden > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.heads % c.kv_heads == 0 &&
+               c.head_dim > 0 && c.head_dim % 4 == 0 && c.ffn > 0 && c.patch_size > 0 && c.pooling_kernel > 0 &&
+               c.position_table > 0 && c.text_hidden > 0,
+           "{}: vision_config has unusable sizes (hidden {}, layers {}, heads {}/{}, head_dim {}, ffn {}, patch {}, "
+           "pooling {})",
+           source, c.hidden, c.layers, c.heads, c.kv_heads, c.head_dim, c.ffn, c.patch_size, c.pooling_kernel);
+  return c;
+}
+
+VisionEncoder::VisionEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
+    : ck_(std::move(ck)), be_(be), w_(std::make_unique<Weights>()) {
+  const std::string source = ck_->path + "/config.json";
+  MB_CHECK(!ck_->hf_config.is_null(), "{}: images need a Hugging Face checkpoint folder (config.json)", ck_->path);
+  cfg_ = parse_vision_config(ck_->hf_config, source);
+  MB_CHECK(ck_->tensors.contains(kProjector),
+           "{}: the checkpoint has no vision tower weights ({} is missing), so it cannot read images", ck_->path,
+           kProjector);
+  const int64_t D = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.heads, nkv = cfg_.kv_heads, F = cfg_.ffn;
+  const int64_t P = int64_t(cfg_.patch_size) * cfg_.patch_size * 3;
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor src = ck_->tensors.get(name, std::move(shape));
+    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
+             dtype_name(src.dtype), be_.name());
+    return be_.prepare_weight(src, src.dtype);
+  };
+  auto vec = [&](const std::string& name, int64_t n) {
+    return be_.prepare_weight(ck_->tensors.get(name, {n}), DType::F32);
+  };
+  auto scalar = [&](const std::string& name) {
+    Tensor t = ck_->tensors.get(name, {});
+    MB_CHECK(t.numel() == 1, "tensor '{}' should hold one value, has shape {}", name, t.shape_str());
+    if (t.dtype == DType::F32) return t.f32()[0];
+    if (t.dtype == DType::BF16) return bf16_to_f32(t.ptr<uint16_t>()[0]);
+    if (t.dtype == DType::F16) return f16_to_f32(t.ptr<uint16_t>()[0]);
+    fail("tensor '{}' has unsupported dtype {}", name, dtype_name(t.dtype));
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    ClippedLinear l;
+    l.w = matrix(name + ".linear.weight", {out, in});
+    if (cfg_.clipped_linears) {
+      l.in_lo = scalar(name + ".input_min");
+      l.in_hi = scalar(name + ".input_max");
+      l.out_lo = scalar(name + ".output_min");
+      l.out_hi = scalar(name + ".output_max");
+    }
+    return l;
+  };
+  const std::string t = kTower;
+  w_->patch_proj = matrix(t + "patch_embedder.input_proj.weight", {D, P});
+  {
+    Tensor table = ck_->tensors.get(t + "patch_embedder.position_embedding_table", {2, cfg_.position_table, D});
+    w_->pos_table = be_.prepare_weight(table.reshaped({2 * int64_t(cfg_.position_table), D}), table.dtype,
+                                       Backend::WeightUse::Lookup);
+  }
+  w_->projector = matrix(kProjector, {cfg_.text_hidden, D});
+  if (cfg_.standardize) {
+    w_->std_bias = ck_->tensors.get(t + "std_bias", {D});
+    w_->std_scale = ck_->tensors.get(t + "std_scale", {D});
+    MB_CHECK(w_->std_bias.dtype == DType::F32 || w_->std_bias.dtype == DType::BF16,
+             "tensor '{}std_bias' has unsupported dtype {}", t, dtype_name(w_->std_bias.dtype));
+    MB_CHECK(w_->std_scale.dtype == w_->std_bias.dtype, "std_scale and std_bias have different dtypes");
+  }
+  w_->layers.resize(size_t(cfg_.layers));
+  for (int l = 0; l < cfg_.layers; ++l) {
+    Weights::Layer& L = w_->layers[size_t(l)];
+    const std::string p = t + "encoder.layers." + std::to_string(l) + ".";
+    L.input_norm = vec(p + "input_layernorm.weight", D);
+    L.post_attn_norm = vec(p + "post_attention_layernorm.weight", D);
+    L.pre_ffn_norm = vec(p + "pre_feedforward_layernorm.weight", D);
+    L.post_ffn_norm = vec(p + "post_feedforward_layernorm.weight", D);
+    L.q_norm = vec(p + "self_attn.q_norm.weight", hd);
+    L.k_norm = vec(p + "self_attn.k_norm.weight", hd);
+    L.q = linear(p + "self_attn.q_proj", nh * hd, D);
+    L.k = linear(p + "self_attn.k_proj", nkv * hd, D);
+    L.v = linear(p + "self_attn.v_proj", nkv * hd, D);
+    L.o = linear(p + "self_attn.o_proj", D, nh * hd);
+    L.gate = linear(p + "mlp.gate_proj", F, D);
+    L.up = linear(p + "mlp.up_proj", F, D);
+    L.down = linear(p + "mlp.down_proj", D, F);
+  }
+  // Each half of a head rotates like a head of hd/2 ("axial" RoPE): hd/4 frequencies
+  // 1 / theta^(2j / (hd/2)), in f32 as transformers computes them.
+  const int half = cfg_.head_dim / 2;
+  for (int j = 0; j < half / 2; ++j)
+    w_->inv_freq.push_back(1.f / std::pow(cfg_.rope_theta, float(2 * j) / float(half)));
+}
+
+VisionEncoder::~VisionEncoder() = default;
+
+namespace {
+// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
+void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
+  if (l.clips_input()) {
+    Tensor xc = be.scratch(DType::F32, x.shape);
+    be.copy(x, xc);
+    be.clamp(xc, l.in_lo, l.in_hi);
+    be.matmul(xc, l.w, y);
+  } else {
+    be.matmul(x, l.w, y);
+  }
+  if (l.clips_output()) be.clamp(y, l.out_lo, l.out_hi);
+}
+}  // namespace
+
+std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::span<const int32_t> pos_x,
+                                         std::span<const int32_t> pos_y) {
+  const int64_t n = int64_t(pos_x.size()), D = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.heads,
+                nkv = cfg_.kv_heads, F = cfg_.ffn, k = cfg_.pooling_kernel, H = cfg_.text_hidden;
+  const int64_t P = int64_t(cfg_.patch_size) * cfg_.patch_size * 3;
+  MB_CHECK(n > 0 && pos_y.size() == size_t(n) && pixels.size() == size_t(n * P),
+           "vision encoder: {} pixel values for {} patches of {} (and {} y positions)", pixels.size(), n, P,
+           pos_y.size());
+  int32_t grid_w = 0, grid_h = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    MB_CHECK(pos_x[size_t(i)] >= 0 && pos_y[size_t(i)] >= 0 && pos_x[size_t(i)] < cfg_.position_table &&
+                 pos_y[size_t(i)] < cfg_.position_table,
+             "vision encoder: patch {} at ({}, {}) is outside the {}-entry position table", i, pos_x[size_t(i)],
+             pos_y[size_t(i)], cfg_.position_table);
+    grid_w = std::max(grid_w, pos_x[size_t(i)] + 1);
+    grid_h = std::max(grid_h, pos_y[size_t(i)] + 1);
+  }
+  MB_CHECK(grid_w % k == 0 && grid_h % k == 0 && int64_t(grid_w) * grid_h == n,
+           "vision encoder: a {}x{} patch grid with {} patches does not pool by {}", grid_w, grid_h, n, k);
+
+  // Patch embedding: (2·pixel - 1) · Wᵀ plus the x and y rows of the position table.
+  std::vector<float> centred(pixels.size());
+  for (size_t i = 0; i < pixels.size(); ++i) centred[i] = 2.f * (pixels[i] - 0.5f);
+  Tensor px = be_.scratch(DType::F32, {n, P});
+  be_.upload(centred.data(), px);
+  Tensor h = be_.scratch(DType::F32, {n, D});
+  be_.matmul(px, w_->patch_proj, h);
+  px = Tensor();
+  std::vector<int32_t> ids_x(pos_x.begin(), pos_x.end()), ids_y(pos_y.begin(), pos_y.end());
+  for (int32_t& y : ids_y) y += cfg_.position_table;  // the y table follows the x table
+  Tensor ex = be_.scratch(DType::F32, {n, D}), ey = be_.scratch(DType::F32, {n, D});
+  be_.embed(w_->pos_table, ids_x.data(), n, 1.f, ex);
+  be_.embed(w_->pos_table, ids_y.data(), n, 1.f, ey);
+  be_.add(ex, ey, ex);
+  be_.add(h, ex, h);
+  ex = ey = Tensor();
+
+  // Each head is rotated as two half-heads, the first by the patch's column and the second by its
+  // row: viewed as [n·nh·2, 1, hd/2] rows, row (t, head, half) takes position pos_x[t] or pos_y[t].
+  std::vector<int32_t> q_pos(size_t(n * nh * 2)), k_pos(size_t(n * nkv * 2));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < nh; ++j) {
+      q_pos[size_t((t * nh + j) * 2)] = pos_x[size_t(t)];
+      q_pos[size_t((t * nh + j) * 2 + 1)] = pos_y[size_t(t)];
+    }
+    for (int64_t j = 0; j < nkv; ++j) {
+      k_pos[size_t((t * nkv + j) * 2)] = pos_x[size_t(t)];
+      k_pos[size_t((t * nkv + j) * 2 + 1)] = pos_y[size_t(t)];
+    }
+  }
+  // Bidirectional attention over the image through the causal op: every key sits at a position
+  // 0..n-1 of a store of n rows, and every query at n-1 sees all of them.
+  std::vector<int32_t> key_slots(static_cast<size_t>(n)), query_last(static_cast<size_t>(n), int32_t(n - 1));
+  for (int64_t i = 0; i < n; ++i) key_slots[size_t(i)] = int32_t(i);
+  KVStore kv;
+  kv.k = be_.alloc(be_.kv_dtype(), {n, nkv, hd});
+  kv.v = be_.alloc(be_.kv_dtype(), {n, nkv, hd});
+  kv.capacity = n;
+  AttentionParams ap;  // scale 1: the q/k norms set the logits' size
+  ap.scale = 1.f;
+
+  for (const Weights::Layer& L : w_->layers) {
+    Tensor a = be_.scratch(DType::F32, {n, D});
+    be_.rms_norm(h, &L.input_norm, cfg_.eps, false, a);
+    Tensor q = be_.scratch(DType::F32, {n, nh, hd}), kk = be_.scratch(DType::F32, {n, nkv, hd}),
+           v = be_.scratch(DType::F32, {n, nkv, hd});
+    clipped_matmul(be_, a, L.q, q);
+    clipped_matmul(be_, a, L.k, kk);
+    clipped_matmul(be_, a, L.v, v);
+    a = Tensor();
+    Tensor q_rows = q.reshaped({n * nh, hd}), k_rows = kk.reshaped({n * nkv, hd}), v_rows = v.reshaped({n * nkv, hd});
+    be_.rms_norm(q_rows, &L.q_norm, cfg_.eps, false, q_rows);
+    be_.rms_norm(k_rows, &L.k_norm, cfg_.eps, false, k_rows);
+    be_.rms_norm(v_rows, nullptr, cfg_.eps, false, v_rows);
+    Tensor q_halves = q.reshaped({n * nh * 2, 1, hd / 2}), k_halves = kk.reshaped({n * nkv * 2, 1, hd / 2});
+    be_.rope(q_halves, q_pos.data(), w_->inv_freq.data());
+    be_.rope(k_halves, k_pos.data(), w_->inv_freq.data());
+    be_.kv_write(kv, kk, v, key_slots.data());
+    kk = v = Tensor();
+    Tensor att = be_.scratch(DType::F32, {n, nh, hd});
+    be_.attention(q, kv, query_last.data(), ap, att);
+    q = Tensor();
+    Tensor o = be_.scratch(DType::F32, {n, D});
+    clipped_matmul(be_, att.reshaped({n, nh * hd}), L.o, o);
+    att = Tensor();
+    be_.add_rms_norm(h, o, &L.post_attn_norm, cfg_.eps, false);
+    o = Tensor();
+
+    Tensor b = be_.scratch(DType::F32, {n, D});
+    be_.rms_norm(h, &L.pre_ffn_norm, cfg_.eps, false, b);
+    Tensor g = be_.scratch(DType::F32, {n, F}), u = be_.scratch(DType::F32, {n, F});
+    clipped_matmul(be_, b, L.gate, g);
+    clipped_matmul(be_, b, L.up, u);
+    b = Tensor();
+    be_.gelu_tanh_mul(g, u, g);
+    u = Tensor();
+    Tensor m = be_.scratch(DType::F32, {n, D});
+    clipped_matmul(be_, g, L.down, m);
+    g = Tensor();
+    be_.add_rms_norm(h, m, &L.post_ffn_norm, cfg_.eps, false);
+  }
+
+  // k x k average pooling in raster order of the pooled grid, in f32 with weights f32(1/k²) as
+  // transformers' one-hot matmul does; then × sqrt(D) and, on the large encoders, standardised.
+  std::vector<float> hidden(size_t(n * D));
+  be_.to_host(h, hidden.data());
+  h = Tensor();
+  const int64_t pooled_w = grid_w / k, m = n / (k * k);
+  const float inv_k2 = 1.f / float(k * k), root_d = float(std::sqrt(double(D)));
+  std::vector<float> pooled(size_t(m * D), 0.f);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t slot = pos_x[size_t(t)] / k + pooled_w * (pos_y[size_t(t)] / k);
+    float* dst = pooled.data() + slot * D;
+    const float* src = hidden.data() + t * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] += src[d] * inv_k2;
+  }
+  for (int64_t s = 0; s < m; ++s)
+    for (int64_t d = 0; d < D; ++d) {
+      float& x = pooled[size_t(s * D + d)];
+      x *= root_d;
+      if (cfg_.standardize) {
+        auto at = [&](const Tensor& t) {
+          return t.dtype == DType::F32 ? t.f32()[d] : bf16_to_f32(t.ptr<uint16_t>()[d]);
+        };
+        x = (x - at(w_->std_bias)) * at(w_->std_scale);
+      }
+    }
+
+  // The projector: RMS norm without weight, then D -> H.
+  Tensor s = be_.scratch(DType::F32, {m, D});
+  be_.upload(pooled.data(), s);
+  be_.rms_norm(s, nullptr, cfg_.eps, false, s);
+  Tensor soft = be_.scratch(DType::F32, {m, H});
+  be_.matmul(s, w_->projector, soft);
+  std::vector<float> out(size_t(m * H));
+  be_.to_host(soft, out.data());
+  return out;
+}
+
+}  // namespace mb::gemma4_vision

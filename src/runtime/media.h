@@ -1,0 +1,59 @@
+// Media in prompts: each image or audio clip is encoded once (soft tokens kept by content hash, so
+// a later turn about the same image does not encode it again) and placed at its placeholder run,
+// which becomes a MediaSpan of the request. The prefix cache keys those positions by the hash.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "models/checkpoint.h"
+#include "models/media_encoder.h"
+#include "runtime/request.h"
+
+namespace mb {
+
+class PromptMedia {
+ public:
+  // The model's media front-ends over the checkpoint at `model_path`, opened again with its
+  // vision/audio tensors when the first media item comes (text-only use never maps them).
+  PromptMedia(std::string model_path, Backend& backend);
+  ~PromptMedia();
+
+  // Places `items` in `prompt` and returns their spans. The k-th image fills the k-th run of image
+  // placeholders (likewise audio): a run of exactly its soft-token count as it is, a single
+  // placeholder (what chat templates print) expanded to begin marker + placeholders + end marker
+  // (the markers kept where the prompt already has them). A prompt with no placeholders of a kind
+  // gets its items right after a leading BOS. Throws for counts that do not match.
+  std::vector<MediaSpan> place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items, int32_t bos_id);
+
+  const MediaTokenIds& token_ids();
+
+ private:
+  struct Encoded {
+    uint64_t hash = 0;
+    std::shared_ptr<const std::vector<float>> soft;
+    int64_t tokens = 0;
+  };
+  Encoded encode(const MediaItem& item);
+  MediaEncoder& encoder();
+
+  std::string path_;
+  Backend& backend_;
+  std::shared_ptr<const Checkpoint> ck_;
+  std::unique_ptr<MediaEncoder> encoder_;
+  std::mutex mu_;
+  std::list<Encoded> recent_;  // most recent first
+  size_t recent_floats_ = 0;
+};
+
+// A media file's bytes: a clear error for a missing, unreadable or oversized (> 1 GiB) file.
+std::vector<uint8_t> read_media_file(const std::string& path);
+
+// 64-bit content hash of a media item (its kind and bytes).
+uint64_t media_hash(const MediaItem& item);
+
+}  // namespace mb
