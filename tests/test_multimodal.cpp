@@ -8,7 +8,9 @@
 
 #include "backends/backend.h"
 #include "core/error.h"
+#include "markbase/markbase.h"
 #include "models/checkpoint.h"
+#include "models/gemma4_unified/embedders.h"
 #include "models/gemma4_vision/encoder.h"
 #include "test_util.h"
 
@@ -59,6 +61,30 @@ TEST_P(VisionSoftTokens, MatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VisionSoftTokens, ::testing::Values("mm_e2b_like", "mm_large_like"));
 
+// The 12B unified model's encoder-free embedders, from HF's merged patches and raw frames.
+TEST(UnifiedSoftTokens, MatchTransformers) {
+  const std::string dir = mbtest::fixture("mm_unified_like");
+  std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(dir, {.load_multimodal = true});
+  auto be = mb::make_cpu_backend();
+  mb::gemma4_unified::UnifiedEmbedders emb(ck, *be);
+  const auto ref = mbtest::read_json(dir + "/reference.json");
+  for (const auto& im : ref["images"]) {
+    const std::vector<float> got = emb.encode_image(mbtest::read_f32(dir + "/" + im["pixels_file"].get<std::string>()),
+                                                    im["pos_x"].get<std::vector<int32_t>>(),
+                                                    im["pos_y"].get<std::vector<int32_t>>());
+    const std::vector<float> want = mbtest::read_f32(dir + "/" + im["soft_file"].get<std::string>());
+    ASSERT_EQ(got.size(), want.size());
+    const Diff d = compare(got, want);
+    RecordProperty(im["file"].get<std::string>(), std::to_string(d.max_abs));
+    EXPECT_LT(d.max_abs, 1e-4) << im["file"];
+  }
+  for (const auto& a : ref["audios"]) {
+    const std::vector<float> got = emb.encode_audio(mbtest::read_f32(dir + "/" + a["features_file"].get<std::string>()));
+    const Diff d = compare(got, mbtest::read_f32(dir + "/" + a["soft_file"].get<std::string>()));
+    EXPECT_LT(d.max_abs, 1e-4) << a["file"];
+  }
+}
+
 TEST(VisionEncoderErrors, TextOnlyCheckpointSaysItCannotReadImages) {
   std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(mbtest::fixture("moe_like"), {.load_multimodal = true});
   auto be = mb::make_cpu_backend();
@@ -80,6 +106,175 @@ TEST(VisionEncoderErrors, PatchesThatDoNotPoolAreRefused) {
   EXPECT_THROW(enc.encode(pixels, px, py), mb::Error);
   std::vector<int32_t> far = {0, 100000, 0};
   EXPECT_THROW(enc.encode(pixels, far, py), mb::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Prompt logits with the media read from their files (preprocessing, encoders, placement, the
+// decoder with soft tokens, bidirectional image blocks on mm_large_like), and greedy continuations.
+struct MmPrompt {
+  std::vector<int32_t> tokens, greedy;
+  std::vector<markbase::Media> media;
+  std::string logits_file;
+};
+
+std::vector<MmPrompt> mm_prompts(const std::string& dir) {
+  const auto ref = mbtest::read_json(dir + "/reference.json");
+  std::vector<MmPrompt> out;
+  for (const auto& p : ref["prompts"]) {
+    MmPrompt m;
+    m.tokens = p["tokens"].get<std::vector<int32_t>>();
+    m.greedy = p["greedy"].get<std::vector<int32_t>>();
+    m.logits_file = dir + "/" + p["logits_file"].get<std::string>();
+    for (int i : p["images"].get<std::vector<int>>())
+      m.media.push_back({markbase::Media::Kind::Image, dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>(), {}});
+    for (int i : p["audios"].get<std::vector<int>>())
+      m.media.push_back({markbase::Media::Kind::Audio, dir + "/" + ref["audios"][size_t(i)]["file"].get<std::string>(), {}});
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+class MediaPromptLogits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MediaPromptLogits, MatchTransformers) {
+  const std::string dir = mbtest::fixture(GetParam());
+  auto engine = markbase::Engine::open({.model_path = dir});
+  for (const MmPrompt& p : mm_prompts(dir)) {
+    for (int chunk : {0, 7}) {
+      const std::vector<float> got = engine->prompt_logits(p.tokens, chunk, p.media);
+      const std::vector<float> want = mbtest::read_f32(p.logits_file);
+      ASSERT_EQ(got.size(), want.size()) << p.logits_file;
+      const Diff d = compare(got, want);
+      EXPECT_FALSE(d.nan);
+      RecordProperty(p.logits_file + " chunk " + std::to_string(chunk), std::to_string(d.max_abs));
+      EXPECT_LT(d.max_abs, 1e-3) << p.logits_file << " (chunk " << chunk << "): logits differ by " << d.max_abs
+                                 << " (range " << d.range << ")";
+    }
+    markbase::Request req;
+    req.prompt_tokens = p.tokens;
+    req.media = p.media;
+    req.max_new_tokens = int(p.greedy.size());
+    req.stop_at_eos = false;
+    EXPECT_EQ(engine->generate(req).tokens, p.greedy) << p.logits_file;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MediaPromptLogits,
+                         ::testing::Values("mm_e2b_like", "mm_large_like", "mm_unified_like"));
+
+}  // namespace
+
+namespace {
+
+// A chat turn with images, as transformers' Gemma4Processor builds it: the template's single
+// placeholder expanded per image, then the greedy reply.
+TEST(MediaChat, PromptIdsAndGreedyMatchTransformers) {
+  const std::string dir = mbtest::fixture("mm_e2b_like");
+  const auto ref = mbtest::read_json(dir + "/reference.json");
+  ASSERT_TRUE(ref.contains("chat"));
+  auto engine = markbase::Engine::open({.model_path = dir});
+  for (const auto& c : ref["chat"]) {
+    markbase::Request req;
+    req.chat = true;
+    req.prompt = c["text"].get<std::string>();
+    for (const auto& f : c["images"]) req.media.push_back({markbase::Media::Kind::Image, dir + "/" + f.get<std::string>(), {}});
+    for (const auto& f : c["audios"]) req.media.push_back({markbase::Media::Kind::Audio, dir + "/" + f.get<std::string>(), {}});
+    req.max_new_tokens = int(c["greedy"].size());
+    req.stop_at_eos = false;
+    const markbase::Result r = engine->generate(req);
+    EXPECT_EQ(r.prompt_ids, c["prompt_ids"].get<std::vector<int32_t>>()) << c["text"];
+    EXPECT_EQ(r.tokens, c["greedy"].get<std::vector<int32_t>>()) << c["text"];
+  }
+}
+
+TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
+  const std::string dir = mbtest::fixture("mm_e2b_like");
+  auto engine = markbase::Engine::open({.model_path = dir});
+  const markbase::Media img{markbase::Media::Kind::Image, dir + "/image_0.png", {}};
+  auto message_of = [&](const std::vector<int32_t>& ids, const std::vector<markbase::Media>& media) {
+    try {
+      engine->prompt_logits(ids, 0, media);
+    } catch (const markbase::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // A run of 3 placeholders for an image of 60 soft tokens.
+  EXPECT_NE(message_of({2, 10, 498, 500, 500, 500, 499}, {img}).find("gives 60 soft tokens"), std::string::npos);
+  // Two runs, one image.
+  std::vector<int32_t> two = {2, 498};
+  two.insert(two.end(), 60, 500);
+  two.insert(two.end(), {499, 7, 498});
+  two.insert(two.end(), 60, 500);
+  two.push_back(499);
+  EXPECT_NE(message_of(two, {img}).find("more image placeholder runs"), std::string::npos);
+  // A missing file, a corrupt one, and an image for a model without a vision tower.
+  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, dir + "/nope.png", {}}}).find("no such file"),
+            std::string::npos);
+  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, "", {'G', 'I', 'F', '8'}}}).find("image 1"),
+            std::string::npos);
+  auto text_only = markbase::Engine::open({.model_path = mbtest::fixture("moe_like")});
+  EXPECT_THROW(text_only->prompt_logits(std::vector<int32_t>{2, 5}, 0, {img}), markbase::Error);
+}
+
+// The same placeholders with another image must not reuse the first image's cached KV.
+TEST(MediaChat, PrefixCacheKeysImagesByContent) {
+  const std::string dir = mbtest::fixture("mm_large_like");
+  auto engine = markbase::Engine::open({.model_path = dir});
+  const auto ref = mbtest::read_json(dir + "/reference.json");
+  auto greedy = [&](markbase::Engine& e, const std::string& image) {
+    markbase::Request req;
+    req.prompt_tokens = {2, 11, 12, 13, 500, 14, 15};
+    req.media = {{markbase::Media::Kind::Image, dir + "/" + image, {}}};
+    req.max_new_tokens = 6;
+    req.stop_at_eos = false;
+    return e.generate(req).tokens;
+  };
+  const auto first = greedy(*engine, "image_0.png");
+  const auto other = greedy(*engine, "image_2.png");  // same size, other pixels: same prompt ids
+  const auto again = greedy(*engine, "image_0.png");
+  auto fresh = markbase::Engine::open({.model_path = dir});
+  EXPECT_EQ(other, greedy(*fresh, "image_2.png"));
+  EXPECT_EQ(first, again);
+  EXPECT_NE(first, other);
+}
+
+}  // namespace
+
+namespace {
+
+// The command line: generate --chat --image and logits --image, as other tools call them.
+TEST(MediaCli, GenerateAndLogitsWithImages) {
+  const std::string dir = mbtest::fixture("mm_e2b_like");
+  const auto ref = mbtest::read_json(dir + "/reference.json");
+  const auto& c = ref["chat"][1];  // two images
+  std::string args = "generate -m " + dir + " --chat -p '" + c["text"].get<std::string>() + "' -n " +
+                     std::to_string(c["greedy"].size()) + " --ignore-eos --print-ids";
+  for (const auto& f : c["images"]) args += " --image " + dir + "/" + f.get<std::string>();
+  const mbtest::CliResult g = mbtest::run_cli(args);
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  std::string want;
+  for (const auto& id : c["greedy"]) want += (want.empty() ? "" : ",") + std::to_string(id.get<int>());
+  EXPECT_NE(g.out.find(want), std::string::npos) << g.out;
+
+  const auto& p = ref["prompts"][1];
+  std::string ids;
+  for (const auto& t : p["tokens"]) ids += (ids.empty() ? "" : ",") + std::to_string(t.get<int>());
+  const std::string out = mbtest::temp_dir("mm_logits") + "/logits.bin";
+  std::string largs = "logits -m " + dir + " --tokens " + ids + " -o " + out;
+  for (int i : p["images"].get<std::vector<int>>())
+    largs += " --image " + dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>();
+  const mbtest::CliResult l = mbtest::run_cli(largs);
+  ASSERT_EQ(l.exit_code, 0) << l.out;
+  const Diff d = compare(mbtest::read_f32(out), mbtest::read_f32(dir + "/" + p["logits_file"].get<std::string>()));
+  EXPECT_LT(d.max_abs, 1e-3);
+
+  const mbtest::CliResult bad = mbtest::run_cli("generate -m " + dir + " -p hi -n 1 --image " + dir + "/config.json");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("config.json"), std::string::npos) << bad.out;
 }
 
 }  // namespace

@@ -163,6 +163,10 @@ class Backend {
     const KVStore* kv = nullptr;
     int64_t begin = 0, count = 0;
     const int32_t* pos = nullptr;
+    // Non-null (attention only): query i sees keys up to position last[i] >= pos[i] instead of
+    // pos[i] (bidirectional image blocks); a window still counts back from pos[i]. Those keys must
+    // have been written before the call.
+    const int32_t* last = nullptr;
   };
   // kv_write() for each sequence of a batch (rows [begin, begin + count) of k and v into its
   // store), which a backend may run as one pass.

@@ -151,10 +151,29 @@ void add_threads_option(CLI::App* cmd, int& threads) {
   cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(whole_number(0, kMaxThreads));
 }
 
+// --image FILE... and --audio FILE... of generate and logits: images first, then audio, each in
+// the order given (a prompt's image and audio placeholders are filled per kind).
+struct MediaArgs {
+  std::vector<std::string> images, audio;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--image", images, "an image (PNG, JPEG, GIF, BMP, WebP) for the prompt (repeatable)")
+        ->type_name("FILE");
+    cmd->add_option("--audio", audio, "an audio clip (WAV, FLAC, OGG, MP3) for the prompt (repeatable)")
+        ->type_name("FILE");
+  }
+  std::vector<markbase::Media> media() const {
+    std::vector<markbase::Media> m;
+    for (const std::string& f : images) m.push_back({markbase::Media::Kind::Image, f, {}});
+    for (const std::string& f : audio) m.push_back({markbase::Media::Kind::Audio, f, {}});
+    return m;
+  }
+};
+
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "generate text from a prompt");
   struct Args {
     ModelArgs model;
+    MediaArgs media;
     std::string prompt, file, tokens, system, seed;
     std::vector<std::string> stop;
     int n = 32;
@@ -169,6 +188,7 @@ void register_generate(CLI::App& app) {
   p_opt->excludes(f_opt)->excludes(t_opt);
   f_opt->excludes(t_opt);
   cmd->add_option("-n,--n-predict", a->n, "tokens to generate, at most")->check(whole_number(0, INT_MAX));
+  a->media.add(cmd);
   auto* chat = cmd->add_flag("--chat", a->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", a->system, "system prompt: a turn before the user's (with --chat)")->needs(chat);
   cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy")
@@ -198,6 +218,7 @@ void register_generate(CLI::App& app) {
     MB_CHECK(a->tokens.empty() || !a->chat, "generate: --chat needs a text prompt (-p or -f), not --tokens");
     if (!a->tokens.empty()) req.prompt_tokens = parse_token_list(a->tokens);
     req.chat = a->chat;
+    req.media = a->media.media();
     req.system_prompt = a->system;
     req.max_new_tokens = a->n;
     req.stop = a->stop;
@@ -235,8 +256,10 @@ void register_logits(CLI::App& app) {
   auto tokens = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto chunk = std::make_shared<int>(0);
+  auto media = std::make_shared<MediaArgs>();
   args->add(cmd, true);
   cmd->add_option("--tokens", *tokens, "token ids, comma-separated (used as given)")->required();
+  media->add(cmd);
   cmd->add_option("-o,--output", *out, "output file")->required();
   cmd->add_option("--chunk", *chunk, "tokens per forward step (0: one prefill; 1: token by token)")
       ->check(whole_number(0, INT_MAX));
@@ -244,7 +267,7 @@ void register_logits(CLI::App& app) {
     const std::vector<int32_t> ids = parse_token_list(*tokens);
     auto engine = args->open_engine();
     write_file(*out, nullptr, 0);  // an output that cannot be written fails before the model runs
-    std::vector<float> logits = engine->prompt_logits(ids, *chunk);
+    std::vector<float> logits = engine->prompt_logits(ids, *chunk, media->media());
     write_file(*out, logits.data(), logits.size() * sizeof(float));
     std::fprintf(stderr, "wrote %zu x %lld logits to %s\n", logits.size() / size_t(engine->info().vocab_size),
                  (long long)engine->info().vocab_size, out->c_str());

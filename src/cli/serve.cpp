@@ -57,6 +57,7 @@ void register_serve(CLI::App& app) {
     double timeout = 0;
     bool no_prefix_cache = false;
     std::string max_body = "16M";
+    std::string allowed_media_dir;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("-m,--model", a->model,
@@ -83,6 +84,11 @@ void register_serve(CLI::App& app) {
                                            "(0: no limit; a request's own \"timeout\" field overrides it)")
       ->check(real_number(0, 1e7));
   cmd->add_option("--max-body", a->max_body, "largest request body; larger ones get 413")->check(size_value());
+  cmd->add_option("--allowed-media-dir", a->allowed_media_dir,
+                  "clients may name image/audio files under DIR (default: none; data: URLs always work, other "
+                  "URLs are never fetched)")
+      ->type_name("DIR")
+      ->check(CLI::ExistingDirectory);
   cmd->callback([a] {
     if (const std::string w = threads_warning(a->threads); !w.empty()) log_line(w);
     // The engine's and the HTTP server's threads inherit this mask, so SIGINT and SIGTERM reach
@@ -113,6 +119,7 @@ void register_serve(CLI::App& app) {
     so.api_key = a->api_key;
     so.max_body_bytes = parse_size(a->max_body, "--max-body");
     so.default_timeout_seconds = a->timeout;
+    so.allowed_media_dir = a->allowed_media_dir;
     // A thread per connection: every request the engine may hold (running and queued) has one, so
     // a full queue is answered with 429 rather than left waiting for a thread.
     so.http_threads = size_t(a->max_seqs) + size_t(a->max_queue) + 16;

@@ -42,6 +42,9 @@ struct Batch {
   std::vector<BatchSequence> seqs;
   std::vector<int32_t> logit_rows;  // token rows whose logits are wanted, in output order
   std::vector<EmbeddingRows> embeddings;
+  // Empty, or for each token the last key position its sliding-window attention sees: its own
+  // position, or an image's last for the image's tokens (ModelConfig::bidirectional_images).
+  std::vector<int32_t> last_keys;
 };
 
 struct ModelLoadOptions {

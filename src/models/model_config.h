@@ -51,6 +51,12 @@ struct ModelConfig {
   bool norm_adds_one = false;       // Gemma 3 RMSNorm multiplies by (1 + w)
   bool v_norm = true;               // Gemma 4 normalises V (no weight); Gemma 3 does not
   bool tie_embeddings = true;
+  // use_bidirectional_attention "vision" (26B-A4B, 31B): on sliding layers an image's tokens see
+  // the whole image (Batch::last_keys).
+  bool bidirectional_images = false;
+  // ... and on full-attention layers too: the 12B unified model, as transformers 5.17.0's default
+  // (dynamic-cache) path masks it. Its static-cache path keeps full layers causal.
+  bool bidirectional_images_all_layers = false;
   int bos_id = 2, eos_id = 1, pad_id = 0;
   std::vector<int> eos_ids;  // every id that ends generation
   DType checkpoint_dtype = DType::F32;

@@ -68,8 +68,13 @@ AsyncEngine::~AsyncEngine() {
 }
 
 std::shared_ptr<RequestStream> AsyncEngine::submit(std::vector<int32_t> prompt, const GenerationOptions& opts,
-                                                   std::string request_id) {
-  core_->validate(prompt, opts);  // reads only what loading fixed: safe beside the engine thread
+                                                   std::string request_id, std::vector<MediaItem> media) {
+  std::vector<MediaSpan> spans;
+  if (!media.empty()) {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    spans = core_->media().place(prompt, media, core_->config().bos_id, /*rendered=*/true);
+  }
+  core_->validate(prompt, opts, spans);  // reads only what loading fixed: safe beside the engine thread
   if (request_id.empty()) request_id = fmt::format("req-{}", ++g_request_counter);
   auto stream = std::make_shared<RequestStream>(std::move(request_id), opts.n);
   {
@@ -77,7 +82,7 @@ std::shared_ptr<RequestStream> AsyncEngine::submit(std::vector<int32_t> prompt, 
     MB_CHECK(!stopping_, "the server is shutting down");
     if (inbox_.size() + size_t(std::max<int64_t>(0, metrics_.waiting)) >= core_->options().max_queue)
       throw QueueFullError(fmt::format("the queue is full ({} requests waiting)", core_->options().max_queue));
-    inbox_.push_back({stream, PendingRequest{std::move(prompt), opts}});
+    inbox_.push_back({stream, PendingRequest{std::move(prompt), opts, std::move(spans)}});
   }
   cv_.notify_all();
   return stream;
@@ -120,6 +125,7 @@ void AsyncEngine::loop() {
     }
     if (stop && !drain) core_->finish_all("cancelled");
     try {
+      std::lock_guard<std::mutex> lock(step_mu_);
       core_->step();
     } catch (const std::exception& e) {
       // A failure inside a step ends what was running with the reason; the engine carries on.

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/media_encoder.h"
 #include "runtime/request.h"
 
 namespace mb {
@@ -86,8 +87,10 @@ class AsyncEngine {
   // Queues a request whose prompt is `prompt` (used as given: BOS already included where the
   // model wants one). Validates everything first: mb::Error (bad ids, bad sampling values, a
   // prompt that cannot fit the context) or QueueFullError; nothing is queued then.
+  // `media` fill the placeholders of a chat template's rendering (PromptMedia::place), encoded here
+  // between two steps.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const GenerationOptions& opts,
-                                        std::string request_id = "");
+                                        std::string request_id = "", std::vector<MediaItem> media = {});
 
   // Stop admitting; with `drain`, wait for what is queued and running to finish, else cancel it.
   void shutdown(bool drain);
@@ -102,6 +105,9 @@ class AsyncEngine {
   void loop();
 
   std::unique_ptr<EngineCore> core_;
+  // Held by the engine thread around a step, and by submit() while it encodes media: the encoders
+  // run on the engine's backend, never beside a step.
+  std::mutex step_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::shared_ptr<RequestStream>, PendingRequest>> inbox_;

@@ -93,7 +93,7 @@ class LocalEngine final : public Engine {
       res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking, req.system_prompt,
                                                   media_parts(req.media));
     else if (!req.prompt.empty()) res.prompt_ids = codec().encode(req.prompt, /*add_bos=*/true);
-    std::vector<mb::MediaSpan> spans = place_media(res.prompt_ids, req.media);
+    std::vector<mb::MediaSpan> spans = place_media(res.prompt_ids, req.media, req.chat && req.prompt_tokens.empty());
     MB_CHECK(!res.prompt_ids.empty(), "empty prompt: give text or at least one token");
     MB_CHECK(req.system_prompt.empty() || (req.chat && req.prompt_tokens.empty()),
              "a system prompt needs chat and a text prompt (not token ids)");
@@ -171,7 +171,8 @@ class LocalEngine final : public Engine {
     return parts;
   }
 
-  std::vector<mb::MediaSpan> place_media(std::vector<int32_t>& prompt, const std::vector<Media>& media) {
+  std::vector<mb::MediaSpan> place_media(std::vector<int32_t>& prompt, const std::vector<Media>& media,
+                                         bool rendered = false) {
     if (media.empty()) return {};
     std::vector<mb::MediaItem> items;
     for (size_t i = 0; i < media.size(); ++i) {
@@ -182,7 +183,7 @@ class LocalEngine final : public Engine {
       it.bytes = m.bytes.empty() && !m.path.empty() ? mb::read_media_file(m.path) : m.bytes;
       items.push_back(std::move(it));
     }
-    return core_.media().place(prompt, items, core_.config().bos_id);
+    return core_.media().place(prompt, items, core_.config().bos_id, rendered);
   }
 
   const mb::TextCodec& codec() const {

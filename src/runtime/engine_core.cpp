@@ -159,7 +159,9 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   KVPageOptions po;
   po.page_tokens = opts.page_tokens > 0 ? opts.page_tokens : kDefaultPageTokens;
   po.max_context = max_context_;
-  po.max_step = kMaxStepTokens;
+  // An image a model attends bidirectionally is computed in one step: up to 1120 soft tokens.
+  const int64_t max_step = c.bidirectional_images ? kMaxMediaStepTokens : kMaxStepTokens;
+  po.max_step = max_step;
   po.max_seqs = opts.max_seqs;
   po.prefix_cache = opts.prefix_cache;
   po.resident = opts.resident_kv;
@@ -183,7 +185,7 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   // Every running sequence gets at least its decode position in every step.
   so.step_tokens = std::max<int64_t>(opts.step_tokens > 0 ? opts.step_tokens : kMaxStepTokens, opts.max_seqs);
   scheduler_ = std::make_unique<Scheduler>(*pages_, so);
-  runner_ = std::make_unique<ModelRunner>(*model_, *pages_, max_context_, kMaxStepTokens);
+  runner_ = std::make_unique<ModelRunner>(*model_, *pages_, max_context_, max_step);
   m_.page_tokens = po.page_tokens;
 }
 
@@ -206,6 +208,8 @@ void EngineCore::validate(const std::vector<int32_t>& prompt, const GenerationOp
     MB_CHECK(m.embeddings && int64_t(m.embeddings->size()) == m.count * model_->config().hidden_size,
              "media soft tokens: {} values for {} tokens of width {}", m.embeddings ? m.embeddings->size() : 0,
              m.count, model_->config().hidden_size);
+    MB_CHECK(!m.image || !model_->config().bidirectional_images || m.count <= kMaxMediaStepTokens,
+             "an image of {} soft tokens exceeds the {} one step computes", m.count, kMaxMediaStepTokens);
     media_end = m.pos + m.count;
   }
   for (int32_t t : prompt) MB_CHECK(t >= 0 && t < vocab, "token id {} is outside the vocabulary [0, {})", t, vocab);
@@ -252,6 +256,9 @@ void EngineCore::add(std::shared_ptr<RequestStream> stream, PendingRequest req) 
     c->id = next_seq_id_++;
     c->tokens = req.prompt;
     c->media = req.media;
+    if (model_->config().bidirectional_images)
+      for (const MediaSpan& m : req.media)
+        if (m.image) c->unsplit.push_back({m.pos, m.pos + m.count});
     for (const MediaSpan& m : req.media)
       for (int64_t j = 0; j < m.count; ++j) c->tokens[size_t(m.pos + j)] = media_token(m.hash, j);
     c->n_prompt = int64_t(req.prompt.size());

@@ -13,6 +13,8 @@ namespace mb {
 // Prompts are prefilled in steps of at most this many tokens: a step's activations stay a few MB
 // per thousand of hidden size, and the sliding layers' rings hold window - 1 + this many rows.
 inline constexpr int64_t kMaxStepTokens = 512;
+// The step limit of models that attend to images bidirectionally: the largest image whole.
+inline constexpr int64_t kMaxMediaStepTokens = 1152;
 
 struct KVCacheOptions {
   int n_slots = 1;          // sequences held at once

@@ -89,7 +89,7 @@ PromptMedia::Encoded PromptMedia::encode(const MediaItem& item) {
 }
 
 std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items,
-                                          int32_t bos_id) {
+                                          int32_t bos_id, bool rendered) {
   std::vector<MediaSpan> spans;
   if (items.empty()) return spans;
   std::lock_guard<std::mutex> lock(mu_);
@@ -119,8 +119,8 @@ std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const st
         ++p;
         continue;
       }
-      size_t e = p;
-      while (e < prompt.size() && prompt[e] == k.placeholder) ++e;
+      size_t e = p + 1;
+      while (!rendered && e < prompt.size() && prompt[e] == k.placeholder) ++e;
       MB_CHECK(next < mine.size(), "the prompt has more {} placeholder runs than the {} {}(s) given",
                kind_name(k.kind), mine.size(), kind_name(k.kind));
       const Encoded& m = encoded[mine[next]];
@@ -165,7 +165,7 @@ std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const st
     MB_CHECK(i < items.size(), "the prompt has more {} placeholder runs than {}(s) given", kind_name(kind),
              kind_name(kind));
     ++k;
-    spans.push_back({int64_t(p), int64_t(e - p), encoded[i].soft, encoded[i].hash});
+    spans.push_back({int64_t(p), int64_t(e - p), encoded[i].soft, encoded[i].hash, image});
     p = e;
   }
   return spans;

@@ -28,7 +28,10 @@ class PromptMedia {
   // placeholder (what chat templates print) expanded to begin marker + placeholders + end marker
   // (the markers kept where the prompt already has them). A prompt with no placeholders of a kind
   // gets its items right after a leading BOS. Throws for counts that do not match.
-  std::vector<MediaSpan> place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items, int32_t bos_id);
+  // `rendered`: the prompt is a chat template's rendering, where each placeholder stands for one
+  // item (adjacent items make a run of several), so every one is expanded.
+  std::vector<MediaSpan> place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items, int32_t bos_id,
+                               bool rendered = false);
 
   const MediaTokenIds& token_ids();
 

@@ -17,6 +17,7 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
   batch_.seqs.clear();
   batch_.logit_rows.clear();
   batch_.embeddings.clear();
+  batch_.last_keys.clear();
   const int32_t pad = model_.config().pad_id;
   out.first_row.assign(chunks.size(), -1);
   out.n_rows.assign(chunks.size(), 0);
@@ -28,6 +29,19 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
       const int32_t t = c.seq->tokens[size_t(p)];
       batch_.tokens.push_back(t >= kMediaTokenBase ? pad : t);  // looked up as pad, as transformers does
       batch_.positions.push_back(int32_t(p));
+    }
+    bool sees_ahead = false;
+    for (const auto& [first, end] : c.seq->unsplit) sees_ahead |= first < c.begin + c.count && c.begin < end;
+    if (sees_ahead) {  // an image's tokens see up to its last, the others up to themselves
+      if (batch_.last_keys.empty()) batch_.last_keys.assign(batch_.positions.begin(), batch_.positions.begin() + begin);
+      for (int64_t p = c.begin; p < c.begin + c.count; ++p) {
+        int32_t last = int32_t(p);
+        for (const auto& [first, end] : c.seq->unsplit)
+          if (p >= first && p < end) last = int32_t(end - 1);
+        batch_.last_keys.push_back(last);
+      }
+    } else if (!batch_.last_keys.empty()) {
+      for (int64_t p = c.begin; p < c.begin + c.count; ++p) batch_.last_keys.push_back(int32_t(p));
     }
     for (const MediaSpan& m : c.seq->media) {  // the part of each media span this chunk computes
       const int64_t b = std::max(m.pos, c.begin), e = std::min(m.pos + m.count, c.begin + c.count);

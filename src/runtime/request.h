@@ -79,6 +79,7 @@ struct MediaSpan {
   int64_t pos = 0, count = 0;
   std::shared_ptr<const std::vector<float>> embeddings;  // [count, hidden]
   uint64_t hash = 0;
+  bool image = false;  // an image (which models with bidirectional image attention see whole)
 };
 
 // A request as the engine thread receives it.

@@ -43,7 +43,13 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
   int64_t budget = opts_.step_tokens;
   auto chunk_of = [&](const Sequence* s) {
     int64_t n = std::min({int64_t(s->tokens.size()) - s->n_computed, budget, opts_.max_step});
-    return s->max_chunk > 0 ? std::min(n, s->max_chunk) : n;
+    if (s->max_chunk > 0) n = std::min(n, s->max_chunk);
+    // A chunk ending inside an unsplit range stops before it, or, when it starts in the range,
+    // takes the range whole (beyond the budget: the model's step limit allows for it).
+    const int64_t b = s->n_computed;
+    for (const auto& [first, end] : s->unsplit)
+      if (first < b + n && b + n < end && b < end) n = first > b ? first - b : end - b;
+    return n;
   };
   // Running sequences, oldest first; the newest give their pages up when one runs short.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "runtime/kv_pages.h"
@@ -33,6 +34,8 @@ struct Sequence {
   // the media's hash (>= kMediaTokenBase, never a vocabulary id), which is what the prefix cache keys.
   std::vector<int32_t> tokens;
   std::vector<MediaSpan> media;
+  // Position ranges [first, second) a prompt chunk must take whole (images attended bidirectionally).
+  std::vector<std::pair<int64_t, int64_t>> unsplit;
   int64_t n_prompt = 0;
   int64_t n_computed = 0;         // positions whose KV the pages hold
   int64_t n_prompt_cached = 0;    // prompt positions the prefix cache gave at first admission

@@ -115,6 +115,7 @@ struct HttpServer::Impl {
     const std::string name = opts.served_model_name.empty() ? engine.model_name() : opts.served_model_name;
     model = describe_model(engine.text(), name, engine.max_context(), int32_t(engine.config().vocab_size),
                            opts.default_timeout_seconds);
+    model.allowed_media_dir = opts.allowed_media_dir;
     setup();
   }
 
@@ -223,7 +224,7 @@ struct HttpServer::Impl {
     g->created = unix_time();
     for (int i = 0; i < g->req.gen.n; ++i) g->choices.emplace_back(i, g->req.parse_markup);
     try {
-      g->stream = engine.submit(g->req.prompt, g->req.gen, g->id);
+      g->stream = engine.submit(g->req.prompt, g->req.gen, g->id, std::move(g->req.media));
     } catch (const QueueFullError& e) {
       throw ApiError(429, fmt::format("the server is busy: {}; retry later", e.what()), "", "queue_full");
     } catch (const Error& e) {

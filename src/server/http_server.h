@@ -19,6 +19,7 @@ struct ServerOptions {
   std::string api_key;             // empty: no key needed
   size_t max_body_bytes = 16u << 20;  // larger request bodies get 413
   double default_timeout_seconds = 0;  // per request, for requests that give no "timeout"; 0: none
+  std::string allowed_media_dir;       // clients' media files may lie under it; empty: none
   size_t http_threads = 0;         // connections served at once; 0: enough for the engine's queue
   // One line per request and the server's own messages; the library never prints (the command
   // line passes a function that writes to stderr).

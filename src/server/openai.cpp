@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <random>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/printable.h"
 #include "core/utf8.h"
+#include "runtime/media.h"
 #include "runtime/text.h"
 
 namespace mb::server {
@@ -37,6 +39,12 @@ Json ApiError::body() const {
 }
 
 namespace {
+
+// Where a chat request's media parts go while its messages are read (null: parts only render).
+struct MediaSink {
+  std::string allowed_dir;
+  std::vector<MediaItem> items;
+};
 
 [[noreturn]] void bad_request(const std::string& param, const std::string& message, std::string code = "") {
   throw ApiError(400, message, param, std::move(code));
@@ -219,7 +227,92 @@ Json tool_call_arguments(const Json& args, const std::string& where) {
   bad_request(where, fmt::format("'{}' must be a JSON object, or a string holding one", where));
 }
 
-Json chat_message(const Json& m, size_t i) {
+// Standard base64 (RFC 4648, padding optional, no line breaks): the data: URLs and input_audio of
+// OpenAI's content parts. Hand-written: a dozen lines, where no library here has a public decoder.
+std::optional<std::vector<uint8_t>> base64_decode(std::string_view s) {
+  std::vector<uint8_t> out;
+  out.reserve(s.size() / 4 * 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t i = 0;
+  for (; i < s.size() && s[i] != '='; ++i) {
+    const char c = s[i];
+    int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+            : c == '+' || c == '-' ? 62 : c == '/' || c == '_' ? 63 : -1;
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  for (; i < s.size(); ++i)
+    if (s[i] != '=') return std::nullopt;
+  return out;
+}
+
+// A media part's bytes: a data: URL (base64), or a local path (file:// URL or plain) under the
+// allowed folder. Other URLs are refused: the server never fetches.
+std::vector<uint8_t> media_bytes(const std::string& url, const MediaSink& sink, const std::string& where) {
+  if (url.rfind("data:", 0) == 0) {
+    const size_t comma = url.find(',');
+    if (comma == std::string::npos || url.substr(0, comma).find(";base64") == std::string::npos)
+      bad_request(where, fmt::format("'{}': a data: URL must be base64 (data:<type>;base64,<data>)", where));
+    auto bytes = base64_decode(std::string_view(url).substr(comma + 1));
+    if (!bytes || bytes->empty()) bad_request(where, fmt::format("'{}': the data: URL's base64 is invalid or empty", where));
+    return std::move(*bytes);
+  }
+  if (url.find("://") != std::string::npos && url.rfind("file://", 0) != 0)
+    bad_request(where, fmt::format("'{}': this server does not fetch URLs; send the media inline as a data: URL "
+                                   "(base64)", where));
+  if (sink.allowed_dir.empty())
+    bad_request(where, fmt::format("'{}': reading files on the server is off (start it with --allowed-media-dir DIR "
+                                   "to allow files under DIR); send the media inline as a data: URL", where));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::path(url.rfind("file://", 0) == 0 ? url.substr(7) : url), ec);
+  const fs::path root = fs::weakly_canonical(fs::path(sink.allowed_dir), ec);
+  const auto rel = p.lexically_relative(root);
+  if (ec || rel.empty() || *rel.begin() == ".." || !p.is_absolute())
+    bad_request(where, fmt::format("'{}': {} is not under the server's --allowed-media-dir", where, printable(url, 200)));
+  try {
+    return read_media_file(p.string());
+  } catch (const Error& e) {
+    bad_request(where, fmt::format("'{}': {}", where, e.what()));
+  }
+}
+
+// An image_url / audio_url / input_audio part: its media item, and the template's part for it.
+Json media_part(const Json& p, const std::string& type, const std::string& pw, MediaSink* sink) {
+  const bool image = type == "image_url" || type == "image";
+  MediaItem item;
+  item.kind = image ? MediaItem::Kind::Image : MediaItem::Kind::Audio;
+  item.what = pw;
+  if (type == "input_audio") {
+    const Json* a = field(p, "input_audio");
+    const Json* data = a && a->is_object() ? field(*a, "data") : nullptr;
+    if (!data || !data->is_string())
+      bad_request(pw + ".input_audio", fmt::format("'{}.input_audio' must be {{\"data\": base64, \"format\": "
+                                                   "\"wav\" | \"mp3\" | ...}}", pw));
+    if (sink) {
+      auto bytes = base64_decode(data->get<std::string>());
+      if (!bytes || bytes->empty())
+        bad_request(pw + ".input_audio.data", fmt::format("'{}.input_audio.data' is not valid base64", pw));
+      item.bytes = std::move(*bytes);
+    }
+  } else {
+    const Json* u = field(p, type.c_str());
+    const Json* url = u && u->is_object() ? field(*u, "url") : u;
+    if (!url || !url->is_string())
+      bad_request(pw + "." + type, fmt::format("'{}.{}' must be {{\"url\": \"data:...\"}} or a URL string", pw, type));
+    if (sink) item.bytes = media_bytes(url->get<std::string>(), *sink, pw + "." + type);
+  }
+  if (sink) sink->items.push_back(std::move(item));
+  return {{"type", image ? "image" : "audio"}};
+}
+
+Json chat_message(const Json& m, size_t i, MediaSink* sink) {
   const std::string where = fmt::format("messages[{}]", i);
   if (!m.is_object()) bad_request(where, fmt::format("'{}' must be an object with 'role' and 'content'", where));
   const Json* role = field(m, "role");
@@ -245,9 +338,14 @@ Json chat_message(const Json& m, size_t i) {
       const std::string pw = fmt::format("{}.content[{}]", where, k);
       const Json* type = p.is_object() ? field(p, "type") : nullptr;
       if (!type || !type->is_string()) bad_request(pw, fmt::format("'{}' must be an object with a 'type'", pw));
-      if (*type != "text")
-        bad_request(pw, fmt::format("'{}': only text content is supported, not '{}'", pw,
-                                    printable(type->get<std::string>(), 40)));
+      const std::string t = type->get<std::string>();
+      if (t == "image_url" || t == "audio_url" || t == "input_audio") {
+        parts.push_back(media_part(p, t, pw, sink));
+        continue;
+      }
+      if (t != "text")
+        bad_request(pw, fmt::format("'{}': content parts are text, image_url, audio_url or input_audio, not '{}'", pw,
+                                    printable(t, 40)));
       const Json* text = field(p, "text");
       if (!text || !text->is_string()) bad_request(pw + ".text", fmt::format("'{}.text' must be a string", pw));
       parts.push_back({{"type", "text"}, {"text", *text}});
@@ -286,13 +384,13 @@ Json chat_message(const Json& m, size_t i) {
 }
 
 // The chat template's inputs from a request's messages, tools and chat_template_kwargs.
-ChatTemplateInputs chat_inputs(const Json& b, bool add_generation_prompt) {
+ChatTemplateInputs chat_inputs(const Json& b, bool add_generation_prompt, MediaSink* sink) {
   const Json* messages = field(b, "messages");
   if (!messages) bad_request("messages", "'messages' is missing");
   if (!messages->is_array() || messages->empty())
     bad_request("messages", "'messages' must be a non-empty list of {role, content}");
   ChatTemplateInputs in;
-  for (size_t i = 0; i < messages->size(); ++i) in.messages.push_back(chat_message((*messages)[i], i));
+  for (size_t i = 0; i < messages->size(); ++i) in.messages.push_back(chat_message((*messages)[i], i, sink));
   in.add_generation_prompt = add_generation_prompt;
   bool use_tools = true;
   if (const Json* choice = field(b, "tool_choice")) {
@@ -395,7 +493,9 @@ ParsedRequest parse_chat_request(const Json& b, const ModelInfo& model) {
   r.endpoint = Endpoint::Chat;
   const TextCodec& text = need_text(model, "messages");
   if (!text.has_chat_template()) bad_request("messages", "this model has no chat template: use /v1/completions");
-  r.prompt = render_chat(text, chat_inputs(b, true));
+  MediaSink sink{model.allowed_media_dir, {}};
+  r.prompt = render_chat(text, chat_inputs(b, true, &sink));
+  r.media = std::move(sink.items);
   check_response_format(b);
   parse_stream(b, r);
   parse_sampling(b, model, r.gen);
@@ -463,7 +563,7 @@ Json tokenize(const Json& b, const ModelInfo& model) {
     if (!text.has_chat_template()) bad_request("messages", "this model has no chat template");
     bool add_generation_prompt = true;
     if (auto v = get_bool(b, "add_generation_prompt")) add_generation_prompt = *v;
-    ids = render_chat(text, chat_inputs(b, add_generation_prompt));
+    ids = render_chat(text, chat_inputs(b, add_generation_prompt, nullptr));
   } else {
     std::optional<std::string> prompt = get_string(b, "prompt");
     if (!prompt) prompt = get_string(b, "content");  // llama.cpp's name

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/media_encoder.h"
 #include "runtime/request.h"
 #include "tokenizer/chat.h"
 
@@ -41,6 +42,9 @@ struct ModelInfo {
   // known from its vocabulary; its chat output then goes through parse_gemma4_output.
   bool gemma4_markup = false;
   double default_timeout_seconds = 0;  // the server's --timeout, for requests that give none
+  // Local files a client may name as media lie under this folder (resolved, links followed);
+  // empty: none. URLs are never fetched.
+  std::string allowed_media_dir;
 };
 
 ModelInfo describe_model(const TextCodec* text, std::string name, int64_t max_context, int32_t vocab_size,
@@ -60,6 +64,7 @@ struct ParsedRequest {
   bool parse_markup = false;    // chat output split into content, reasoning_content, tool_calls
   std::string echo;             // completions with echo: the prompt text, put before each choice's
   int completion_logprobs = -1; // completions: the "logprobs" number asked for, -1 when none
+  std::vector<MediaItem> media; // chat: images and audio of the messages, in order
 };
 
 // POST /v1/chat/completions and /v1/completions. Throws ApiError (400, or 404 for another model).

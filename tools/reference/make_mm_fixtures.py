@@ -77,11 +77,26 @@ def mm_large_like_config():
     return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **IDS)
 
 
+def mm_unified_like_config():
+    from transformers import Gemma4UnifiedConfig
+    # sliding_window 128 >= any image block here: transformers composes the 12B's sliding mask as
+    # (causal AND window) OR same-image, MarkBase as window AND (causal OR same-image); they agree
+    # unless an image is longer than the window (see docs/multimodal.md).
+    text = text_config(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        num_global_key_value_heads=1, attention_k_eq_v=True, layer_types=[S, S, F] * 2, num_kv_shared_layers=0,
+        use_double_wide_mlp=False, use_bidirectional_attention="vision", sliding_window=128,
+        max_position_embeddings=262144)
+    vision = dict(patch_size=2, pooling_kernel_size=2, mm_embed_dim=32, mm_posemb_size=64, output_proj_dims=32)
+    audio = dict(audio_embed_dim=640)
+    return Gemma4UnifiedConfig(text_config=text, vision_config=vision, audio_config=audio, **IDS)
+
+
 def draw(name, t, g):
     leaf = name.split(".")[-1]
-    if "vision_tower" in name and leaf in ("input_min", "output_min"):
+    if ("vision_tower" in name or "audio_tower" in name) and leaf in ("input_min", "output_min"):
         return -(1.5 + torch.rand(tuple(t.shape), generator=g))  # tight enough that some values clip
-    if "vision_tower" in name and leaf in ("input_max", "output_max"):
+    if ("vision_tower" in name or "audio_tower" in name) and leaf in ("input_max", "output_max"):
         return 1.5 + torch.rand(tuple(t.shape), generator=g)
     if leaf == "std_bias":
         return 0.5 * mf.randn(g, t.shape)
@@ -161,17 +176,84 @@ def mm_token_types(ids):
     return types
 
 
-def build(name, cfg, seed, images, audios, prompts):
+MM_TOKENS = {498: "<|image>", 499: "<image|>", 500: "<|image|>", 501: "<|audio|>", 502: "<|audio>",
+             503: "<audio|>", 504: "<|video|>"}
+
+
+def write_mm_tokenizer(out):
+    """The text fixtures' cut Gemma 4 tokenizer with ids 498..504 renamed to the multimodal markers
+    (the ids the tiny config gives them), so that a chat with media runs end to end."""
+    mf.write_tiny_tokenizer(out, "gemma4-tokenizer.json", "gemma-4-31B-it.jinja")
+    os.remove(os.path.join(out, "tokenize_cases.json"))
+    path = os.path.join(out, "tokenizer.json")
+    with open(path) as f:
+        j = json.load(f)
+    vocab = {t: i for t, i in j["model"]["vocab"].items() if i not in MM_TOKENS}
+    vocab.update({t: i for i, t in MM_TOKENS.items()})
+    j["model"]["vocab"] = vocab
+    j["model"]["merges"] = [m for m in j["model"]["merges"]
+                            if all(part in vocab for part in (m if isinstance(m, list) else m.split(" ", 1)))]
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["id"] not in MM_TOKENS] + [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True} for i, t in MM_TOKENS.items()]
+    with open(path, "w") as f:
+        json.dump(j, f, ensure_ascii=False)
+    cfg_path = os.path.join(out, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        tc = json.load(f)
+    tc["extra_special_tokens"] = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                                  "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+    tc["add_bos_token"] = False
+    with open(cfg_path, "w") as f:
+        json.dump(tc, f, indent=1)
+
+
+def chat_case(out, model, improc, fe, image_files, audio_files, text):
+    """A user turn with media through transformers' own processor: its prompt ids and greedy reply."""
+    from transformers import AutoTokenizer, Gemma4Processor
+    from transformers.models.gemma4.video_processing_gemma4 import Gemma4VideoProcessor
+    tok = AutoTokenizer.from_pretrained(out)
+    with open(os.path.join(out, "chat_template.jinja")) as f:
+        template = f.read()
+    proc = Gemma4Processor(feature_extractor=fe, image_processor=improc, tokenizer=tok,
+                           video_processor=Gemma4VideoProcessor(), chat_template=template)
+    content = [{"type": "image", "path": os.path.join(out, f)} for f in image_files]
+    content += [{"type": "audio", "path": os.path.join(out, f)} for f in audio_files]
+    content.append({"type": "text", "text": text})
+    messages = [{"role": "user", "content": content}]
+    enc = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                   return_tensors="pt")
+    ids = enc["input_ids"]
+    kw = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        gen = model.generate(input_ids=ids, do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None,
+                             pad_token_id=0, **kw)
+    return {"text": text, "images": image_files, "audios": audio_files, "prompt_ids": ids[0].tolist(),
+            "greedy": gen[0, ids.shape[1]:].tolist()}
+
+
+def build(name, cfg, seed, images, audios, prompts, chat=None, audio_holes=None):
     out = os.path.join(FIXTURES, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(cfg).eval()
+    unified = cfg.model_type == "gemma4_unified"
+    if unified:
+        from transformers import Gemma4UnifiedForConditionalGeneration
+        model = Gemma4UnifiedForConditionalGeneration(cfg).eval()
+    else:
+        model = Gemma4ForConditionalGeneration(cfg).eval()
     init_weights(model, seed)
     model.config._attn_implementation = "eager"
     for sub in (model.config.text_config, model.config.vision_config, model.config.audio_config):
         if sub is not None:
             sub._attn_implementation = "eager"
+    if model.config.audio_config is not None:
+        # The audio tower computes its attention itself and only takes its mask from the attention
+        # implementation. "sdpa" (what from_pretrained picks) gives a boolean mask; "eager" gives an additive float
+        # one (0 / -inf) that Gemma4AudioAttention's masked_fill(mask.logical_not(), ...) inverts (5.17.0), so the
+        # soft tokens of real runs are the sdpa ones.
+        model.config.audio_config._attn_implementation = "sdpa"
     model.save_pretrained(out, safe_serialization=True)
     rewrite_release_style(os.path.join(out, "config.json"), cfg.text_config)
     for extra in ("generation_config.json",):
@@ -180,15 +262,24 @@ def build(name, cfg, seed, images, audios, prompts):
             os.remove(p)
 
     vc = cfg.vision_config
-    improc = Gemma4ImageProcessor(patch_size=vc.patch_size, pooling_kernel_size=vc.pooling_kernel_size,
-                                  max_soft_tokens=70)
+    if unified:
+        from transformers.models.gemma4_unified.feature_extraction_gemma4_unified import (
+            Gemma4UnifiedAudioFeatureExtractor)
+        from transformers.models.gemma4_unified.image_processing_gemma4_unified import Gemma4UnifiedImageProcessor
+        improc = Gemma4UnifiedImageProcessor(patch_size=vc.patch_size, pooling_kernel_size=vc.pooling_kernel_size,
+                                             max_soft_tokens=70)
+    else:
+        improc = Gemma4ImageProcessor(patch_size=vc.patch_size, pooling_kernel_size=vc.pooling_kernel_size,
+                                      max_soft_tokens=70)
     proc_cfg = {"image_processor": improc.to_dict()}
     fe = None
     if cfg.audio_config is not None:
-        fe = Gemma4AudioFeatureExtractor(feature_size=cfg.audio_config.subsampling_conv_channels[0])
+        fe = (Gemma4UnifiedAudioFeatureExtractor() if unified else
+              Gemma4AudioFeatureExtractor(feature_size=cfg.audio_config.subsampling_conv_channels[0]))
         proc_cfg["feature_extractor"] = fe.to_dict()
     with open(os.path.join(out, "processor_config.json"), "w") as f:
-        json.dump(proc_cfg, f, indent=2, sort_keys=True, default=str)
+        json.dump(proc_cfg, f, indent=2, sort_keys=True,
+                  default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))  # numpy values as numbers
         f.write("\n")
 
     ref = {"transformers_version": transformers.__version__, "torch_dtype": "float32", "vocab_size": VOCAB,
@@ -217,11 +308,20 @@ def build(name, cfg, seed, images, audios, prompts):
         image_inputs.append((pv, pos, n_soft))
 
     audio_inputs = []
-    for i, seconds in enumerate(audios):
+    wavs = []
+    for i, clip in enumerate(audios):
+        # A clip is its length in seconds, or (seconds, j): its features padded in a batch with clip j, which is
+        # longer (the processor pads a batch to its longest clip; the mask marks the padding frames).
+        seconds, batch_with = clip if isinstance(clip, tuple) else (clip, None)
         fname = f"audio_{i}.wav"
         wav = write_wav16(os.path.join(out, fname), synthetic_speech(seconds, seed * 100 + i), 16000)
-        feats = fe([wav], sampling_rate=16000, return_tensors="pt")
-        x, m = feats["input_features"], feats["input_features_mask"]
+        wavs.append(wav)
+        if batch_with is None:
+            feats = fe([wav], sampling_rate=16000, return_tensors="pt")
+        else:
+            assert wavs[batch_with].size > wav.size
+            feats = fe([wav, wavs[batch_with]], sampling_rate=16000, return_tensors="pt")
+        x, m = feats["input_features"][:1], feats["input_features_mask"][:1]
         with torch.no_grad():
             ao = inner.get_audio_features(x, m, return_dict=True)
         soft = ao.pooler_output[0][ao.attention_mask[0]]
@@ -230,7 +330,26 @@ def build(name, cfg, seed, images, audios, prompts):
         ref["audios"].append({"file": fname, "seconds": seconds, "soft_tokens": int(soft.shape[0]),
                               "frames": int(x.shape[1]), "valid_frames": int(m[0].sum()),
                               "features_file": f"features_audio_{i}.bin", "soft_file": f"soft_audio_{i}.bin"})
+        if batch_with is not None:
+            ref["audios"][-1]["padded_with"] = f"audio_{batch_with}.wav"
         audio_inputs.append((x, m, int(soft.shape[0])))
+
+    if audio_holes:
+        # A mask the feature extractor never makes (invalid frames first and in the middle), for the encoder's
+        # masking: a frame whose attention window holds no valid key averages its whole context, and reaches
+        # later valid frames through the causal convolution.
+        i, ranges = audio_holes
+        x = audio_inputs[i][0]
+        m = torch.ones(1, x.shape[1], dtype=torch.bool)
+        for begin, end in ranges:
+            m[0, begin:end] = False
+        with torch.no_grad():
+            ao = inner.get_audio_features(x, m, return_dict=True)
+        soft = ao.pooler_output[0][ao.attention_mask[0]]
+        m[0].numpy().astype(np.uint8).tofile(os.path.join(out, f"mask_audio_{i}_holes.bin"))
+        save_f32(os.path.join(out, f"soft_audio_{i}_holes.bin"), soft.numpy())
+        ref["audio_masks"] = [{"features_file": f"features_audio_{i}.bin", "mask_file": f"mask_audio_{i}_holes.bin",
+                               "soft_tokens": int(soft.shape[0]), "soft_file": f"soft_audio_{i}_holes.bin"}]
 
     rng = np.random.default_rng(seed)
     for p_i, layout in enumerate(prompts):
@@ -266,6 +385,10 @@ def build(name, cfg, seed, images, audios, prompts):
         save_f32(os.path.join(out, f"logits_{p_i}.bin"), logits.numpy())
         ref["prompts"].append({"tokens": ids, "images": used_images, "audios": used_audio,
                                "logits_file": f"logits_{p_i}.bin", "greedy": greedy})
+    if chat:
+        write_mm_tokenizer(out)
+        ref["chat"] = [chat_case(out, model, improc, fe, [f"image_{i}.png" for i in c.get("images", [])],
+                                 [f"audio_{i}.wav" for i in c.get("audios", [])], c["text"]) for c in chat]
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
@@ -276,9 +399,16 @@ def build(name, cfg, seed, images, audios, prompts):
 def main():
     if transformers.__version__ != mf.EXPECTED_TRANSFORMERS:
         print(f"warning: transformers {transformers.__version__}, fixtures expect {mf.EXPECTED_TRANSFORMERS}")
-    images = [(37, 23, "RGB"), (16, 40, "RGBA")]
-    build("mm_e2b_like", mm_e2b_like_config(), 11, images, [0.6],
-          [[4, ("image", 0), 5], [3, ("image", 0), 2, ("image", 1), 3], [3, ("audio", 0), 4]])
+    # image_2: image_0's size with other pixels (the same prompt ids, other soft tokens).
+    images = [(37, 23, "RGB"), (16, 40, "RGBA"), (37, 23, "RGB")]
+    # Audio 1 spans several attention chunks; audio 2 is padded to audio 1's length (the audio encoder's tests), with
+    # 38 valid frames (4k + 2): the last soft token reads a first-convolution output that only the mask zeroes.
+    build("mm_e2b_like", mm_e2b_like_config(), 11, images, [0.6, 1.1, (0.39, 1)],
+          [[4, ("image", 0), 5], [3, ("image", 0), 2, ("image", 1), 3], [3, ("audio", 0), 4]],
+          chat=[{"images": [0], "text": "Describe this."}, {"images": [1, 0], "text": "Compare them."}],
+          audio_holes=(1, [(0, 10), (40, 66), (101, None)]))
+    build("mm_unified_like", mm_unified_like_config(), 13, images[:2], [0.3],
+          [[4, ("image", 0), 5], [3, ("image", 1), 2, ("image", 0), 3], [3, ("audio", 0), 4]])
     build("mm_large_like", mm_large_like_config(), 12, images, [],
           [[4, ("image", 0), 5], [3, ("image", 1), 2, ("image", 0), 3]])
 

@@ -455,6 +455,8 @@ class CpuBackend final : public Backend {
       const size_t off = size_t(s.begin * nh * hd);
       args.push_back({q.f32() + off, out.f32() + off, kv.k.f32(), kv.v.f32(), s.pos, s.count, nh, nkv, hd,
                       kv.capacity, kv.ring, kv.pages, kv.page_size, p.window, p.scale, p.softcap});
+      args.back().last = s.last;
+      MB_CHECK(!s.last || !kv.ring, "attention: keys past a query's position from a ring cache");
     }
     cpu::attention(args.data(), int64_t(args.size()));
   }

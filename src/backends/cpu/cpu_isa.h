@@ -49,7 +49,12 @@ struct AttnArgs {
   // and sum L, at part + (t * nh + h) * (hd + 2). attn_merge folds a row's splits in order.
   int64_t key_begin = 0, key_end = INT64_MAX;
   float* part = nullptr;
+  // Non-null: query t sees keys up to position last[t] (>= pos[t]; an image's tokens see the whole
+  // image) instead of up to pos[t]; the window still counts back from pos[t].
+  const int32_t* last = nullptr;
 };
+
+inline int64_t attn_last_key(const AttnArgs& a, int64_t t) { return a.last ? a.last[t] : a.pos[t]; }
 
 // Keys are split at multiples of this many positions (a multiple of every kernel's key block):
 // a row's result is the fold, in key order, of the softmax partials of its splits, whether one

@@ -114,8 +114,8 @@ void attention_rows(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64
   thread_local std::vector<float> scores;
   for (int64_t t = t0; t < t1; ++t)
     for (int64_t h = h0; h < h1; ++h) {
-      const int64_t g = h / group, hi = a.pos[t];
-      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, hi - a.window + 1) : 0;
+      const int64_t g = h / group, hi = attn_last_key(a, t);
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, int64_t(a.pos[t]) - a.window + 1) : 0;
       const float* qv = a.q + (t * nh + h) * hd;
       auto slot = [&](int64_t j) { return kv_row(a, j); };
       scores.resize(size_t(hi - lo + 1));
@@ -428,7 +428,7 @@ void attention(const AttnArgs* seqs, int64_t n_seqs) {
     hi = -1;
     for (int64_t t = 0; t < a.n; ++t) {
       lo = std::min<int64_t>(lo, a.window > 0 ? std::max<int64_t>(0, int64_t(a.pos[t]) - a.window + 1) : 0);
-      hi = std::max<int64_t>(hi, a.pos[t]);
+      hi = std::max<int64_t>(hi, attn_last_key(a, t));
     }
   };
   struct Plan {

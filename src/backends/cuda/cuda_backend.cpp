@@ -548,8 +548,11 @@ class CudaBackend final : public Backend {
     a.softcap = p.softcap;
     a.window = p.window;
     int32_t max_pos = 0;
-    for (const AttentionSeq& sq : seqs)
+    for (const AttentionSeq& sq : seqs) {
+      MB_CHECK(!sq.last, "cuda backend: bidirectional image attention (26B-A4B/31B images) is not implemented on "
+                         "the GPU yet; use --device cpu for image prompts to these models");
       for (int64_t i = 0; i < sq.count; ++i) max_pos = std::max(max_pos, sq.pos[i]);
+    }
     a.max_keys = (int64_t(max_pos >> 8) + 1) << 8;
     if (debug_ & 8) a.max_keys = 1 << 20;
     if (a.window > 0) a.max_keys = std::min<int64_t>(a.max_keys, a.window);

@@ -95,6 +95,10 @@ class Gemma4Architecture final : public Architecture {
   std::span<const TensorNamePair> gguf_global_names() const override { return global_names(); }
   std::span<const TensorNamePair> gguf_layer_names() const override { return layer_names(); }
 
+  std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck,
+                                                   Backend& backend) const override {
+    return gemma4::make_media_encoder(std::move(ck), backend);
+  }
   std::unique_ptr<Model> make_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                     const ModelLoadOptions& opts) const override {
     return make_decoder(std::move(ck), backend, opts);

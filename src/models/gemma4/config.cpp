@@ -75,6 +75,8 @@ ModelConfig parse_hf_text(const json& tc, bool unified, const std::string& sourc
   std::string bidir = r.get("use_bidirectional_attention", std::string());
   MB_CHECK(bidir != "all", "{}: use_bidirectional_attention='all' (non-causal text) is not supported",
            source);
+  c.bidirectional_images = bidir == "vision";
+  c.bidirectional_images_all_layers = unified && c.bidirectional_images;
   if (c.moe)
     MB_CHECK(c.n_experts > 0 && c.top_k_experts > 0 && c.top_k_experts <= c.n_experts &&
                  c.moe_ffn_dim > 0,

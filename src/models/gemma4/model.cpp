@@ -246,8 +246,11 @@ void Gemma4Model::attention_block(int l, Tensor& x, Tensor& h, const Batch& batc
   ap.window = L.kind == AttnKind::Sliding ? cfg_.sliding_window : 0;
   Tensor att = be_.scratch(DType::F32, {n, nh, hd});
   std::vector<Backend::AttentionSeq> seqs;
+  const bool sees_ahead =
+      !batch.last_keys.empty() && (L.kind == AttnKind::Sliding || cfg_.bidirectional_images_all_layers);
   for (const BatchSequence& s : batch.seqs)
-    seqs.push_back({&kv.store(s.kv_slot, L.kv_source), s.begin, s.count, batch.positions.data() + s.begin});
+    seqs.push_back({&kv.store(s.kv_slot, L.kv_source), s.begin, s.count, batch.positions.data() + s.begin,
+                    sees_ahead ? batch.last_keys.data() + s.begin : nullptr});
   be_.attention_batch(q, seqs, ap, att);
   q = k = v = Tensor();
   Tensor a = be_.scratch(DType::F32, {n, H});
@@ -321,8 +324,10 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
              e.row, e.row + e.count, n);
   const StepInputs in = step_inputs(batch, kv, cfg_, be_);
   be_.stage(in.arrays);
+  MB_CHECK(batch.last_keys.empty() || batch.last_keys.size() == size_t(n), "forward: {} last keys for {} tokens",
+           batch.last_keys.size(), n);
   // Steps with given embeddings are prompt steps: never recorded (the rows' data is not staged).
-  if (in.record_key == 0 || r == 0 || !batch.embeddings.empty()) {
+  if (in.record_key == 0 || r == 0 || !batch.embeddings.empty() || !batch.last_keys.empty()) {
     Tensor out = r > 0 ? be_.scratch(DType::F32, {r, V}) : Tensor();
     compute(batch, kv, out);
     if (r > 0) be_.to_host(out, logits.data());

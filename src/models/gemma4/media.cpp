@@ -1,0 +1,155 @@
+// Gemma 4's media front-ends: an image file through the processor's resize and patchify
+// (gemma4_vision/preprocess.h) into the ViT (gemma4_vision/encoder.h); an audio file decoded,
+// downmixed, resampled to the feature extractor's rate, turned into log-mel features
+// (gemma4_audio/features.h) and through the conformer (gemma4_audio/encoder.h). The processor's
+// settings come from the checkpoint's processor_config.json, as transformers' AutoProcessor reads them.
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "core/error.h"
+#include "media/audio.h"
+#include "media/image.h"
+#include "models/checkpoint.h"
+#include "models/gemma4/gemma4.h"
+#include "models/gemma4_audio/encoder.h"
+#include "models/gemma4_audio/features.h"
+#include "models/gemma4_unified/embedders.h"
+#include "models/gemma4_vision/encoder.h"
+#include "models/gemma4_vision/preprocess.h"
+#include "models/hf_config.h"
+
+namespace mb::gemma4 {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class Gemma4MediaEncoder final : public MediaEncoder {
+ public:
+  Gemma4MediaEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be) : ck_(std::move(ck)), be_(be) {
+    MB_CHECK(!ck_->hf_config.is_null(), "{}: image and audio input need a Hugging Face checkpoint folder", ck_->path);
+    const nlohmann::json& c = ck_->hf_config;
+    // The 12B unified model has no towers: its embedders take patches and samples directly.
+    if (ck_->tensors.contains("model.vision_embedder.patch_dense.weight") ||
+        hf::model_type_of(c) == "gemma4_unified")
+      unified_ = std::make_unique<gemma4_unified::UnifiedEmbedders>(ck_, be_);
+    const std::string source = ck_->path + "/config.json";
+    hf::Reader r{c, source};
+    // The ids transformers 5.17.0's Gemma4Config defaults to (the released checkpoints' values).
+    ids_.image = r.get("image_token_id", 258880);
+    ids_.image_begin = r.get("boi_token_id", 255999);
+    ids_.image_end = r.get("eoi_token_id", 258882);
+    ids_.audio = r.get("audio_token_id", 258881);
+    ids_.audio_begin = r.get("boa_token_id", 256000);
+    ids_.audio_end = r.get("eoa_token_index", r.get("eoa_token_id", 258883));
+    hidden_ = ck_->config.hidden_size;
+    const fs::path proc = fs::path(ck_->path) / "processor_config.json";
+    if (fs::exists(proc)) {
+      std::ifstream in(proc);
+      try {
+        processor_ = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        fail("{}: not valid JSON: {}", proc.string(), e.what());
+      }
+    }
+  }
+
+  const MediaTokenIds& token_ids() const override { return ids_; }
+  int hidden_size() const override { return hidden_; }
+
+  std::vector<float> encode(const MediaItem& item) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return item.kind == MediaItem::Kind::Image ? encode_image(item) : encode_audio(item);
+  }
+
+ private:
+  std::vector<float> encode_image(const MediaItem& item) {
+    if (unified_) {
+      MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read images ({})",
+               ck_->path, item.what);
+      const gemma4_vision::ImageProcessorConfig cfg = unified_image_config();
+      const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
+          gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), cfg), cfg.pooling_kernel_size);
+      return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
+    }
+    if (!vision_) {
+      MB_CHECK(ck_->hf_config.contains("vision_config") && ck_->hf_config["vision_config"].is_object(),
+               "{}: this model has no vision tower, so it cannot read images ({})", ck_->path, item.what);
+      vision_ = std::make_unique<gemma4_vision::VisionEncoder>(ck_, be_);
+      image_cfg_ = gemma4_vision::parse_image_processor_config(processor_);
+      if (!processor_.contains("image_processor")) {  // no processor file: the tower's own geometry
+        image_cfg_.patch_size = vision_->config().patch_size;
+        image_cfg_.pooling_kernel_size = vision_->config().pooling_kernel;
+      }
+      MB_CHECK(image_cfg_.patch_size == vision_->config().patch_size &&
+                   image_cfg_.pooling_kernel_size == vision_->config().pooling_kernel,
+               "{}: processor_config.json's patch size {} and pooling {} differ from the vision tower's {} and {}",
+               ck_->path, image_cfg_.patch_size, image_cfg_.pooling_kernel_size, vision_->config().patch_size,
+               vision_->config().pooling_kernel);
+    }
+    const RgbImage img = decode_image(item.bytes, item.what);
+    const gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, image_cfg_);
+    return vision_->encode(p.pixels, p.pos_x, p.pos_y);
+  }
+
+  std::vector<float> encode_audio(const MediaItem& item) {
+    if (unified_) {
+      MB_CHECK(unified_->has_audio(), "{}: this model has no audio embedder, so it cannot read audio ({})", ck_->path,
+               item.what);
+      MB_CHECK(unified_->audio_samples_per_token() == gemma4_audio::kUnifiedAudioSamplesPerToken,
+               "{}: audio frames of {} samples (the processor cuts {})", ck_->path, unified_->audio_samples_per_token(),
+               gemma4_audio::kUnifiedAudioSamplesPerToken);
+      const Waveform w = decode_audio(item.bytes, item.what);
+      const std::vector<float> mono = resample(to_mono(w), w.sample_rate, 16000);
+      MB_CHECK(!mono.empty(), "{}: the audio has no samples", item.what);
+      return unified_->encode_audio(gemma4_audio::unified_audio_frames(mono));
+    }
+    if (!audio_) {
+      MB_CHECK(ck_->hf_config.contains("audio_config") && ck_->hf_config["audio_config"].is_object(),
+               "{}: this model has no audio tower, so it cannot read audio ({})", ck_->path, item.what);
+      audio_ = std::make_unique<gemma4_audio::AudioEncoder>(ck_, be_);
+      audio_cfg_ = gemma4_audio::parse_audio_feature_config(processor_);
+    }
+    const Waveform w = decode_audio(item.bytes, item.what);
+    std::vector<float> mono = resample(to_mono(w), w.sample_rate, audio_cfg_.sampling_rate);
+    const gemma4_audio::AudioFeatures f = gemma4_audio::extract_features(mono, audio_cfg_);
+    MB_CHECK(f.n_soft_tokens > 0, "{}: the audio is too short to give a soft token ({} samples at {} Hz)", item.what,
+             mono.size(), audio_cfg_.sampling_rate);
+    return audio_->encode(f.mel, f.valid, f.n_mels);
+  }
+
+  gemma4_vision::ImageProcessorConfig unified_image_config() const {
+    gemma4_vision::ImageProcessorConfig cfg = gemma4_vision::parse_image_processor_config(processor_);
+    if (!processor_.contains("image_processor")) {  // no processor file: the model's own geometry
+      const nlohmann::json& v = ck_->hf_config["vision_config"];
+      hf::Reader r{v, ck_->path + "/config.json"};
+      cfg.patch_size = r.get("patch_size", 16);
+      cfg.pooling_kernel_size = r.get("pooling_kernel_size", 3);
+    }
+    MB_CHECK(cfg.patch_size * cfg.pooling_kernel_size == unified_->patch_pixels(),
+             "{}: processor_config.json's patches ({} px × {}) differ from the model's {} px", ck_->path, cfg.patch_size,
+             cfg.pooling_kernel_size, unified_->patch_pixels());
+    return cfg;
+  }
+
+  std::shared_ptr<const Checkpoint> ck_;
+  Backend& be_;
+  std::unique_ptr<gemma4_unified::UnifiedEmbedders> unified_;
+  MediaTokenIds ids_;
+  int hidden_ = 0;
+  nlohmann::json processor_ = nlohmann::json::object();
+  std::mutex mu_;
+  std::unique_ptr<gemma4_vision::VisionEncoder> vision_;
+  gemma4_vision::ImageProcessorConfig image_cfg_;
+  std::unique_ptr<gemma4_audio::AudioEncoder> audio_;
+  gemma4_audio::AudioFeatureConfig audio_cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck, Backend& backend) {
+  return std::make_unique<Gemma4MediaEncoder>(std::move(ck), backend);
+}
+
+}  // namespace mb::gemma4

@@ -1,0 +1,532 @@
+// Shapes: T = mel frames, F = mel bins, C0, C1 = the subsampling convolutions' channels,
+// T1 = ceil(T/2), F1 = ceil(F/2), n = ceil(T1/2) conformer frames, F2 = ceil(F1/2), D = conformer
+// width, nh = heads, hd = head dim, I = 4·D FFN width, K = light-conv kernel, O = output_proj width,
+// H = language model width, M = soft tokens (valid conformer frames).
+#include "models/gemma4_audio/encoder.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "models/hf_config.h"
+
+namespace mb::gemma4_audio {
+
+namespace {
+constexpr const char* kTower = "model.audio_tower.";
+constexpr const char* kProjector = "model.embed_audio.embedding_projection.weight";
+// Gemma4RMSNorm's default epsilon: the FFNs' and the layers' own norms are built without
+// rms_norm_eps (the light convolution's norms and the projector's take it).
+constexpr float kDefaultNormEps = 1e-6f;
+// Values of one pass of the second convolution's im2col (a 30 s clip would need 110 MB at once).
+constexpr int64_t kIm2colBudget = int64_t(1) << 21;
+
+// A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
+struct ClippedLinear {
+  Tensor w;
+  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
+  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
+  bool clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
+  bool clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
+};
+
+// A Gemma4AudioFeedForward ("macaron" half step).
+struct FeedForward {
+  Tensor pre_norm, post_norm;
+  ClippedLinear up, down;  // D -> I -> D
+};
+
+// torch.nn.functional.softplus (beta 1, threshold 20).
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+float silu(float x) { return x / (1.f + std::exp(-x)); }
+}  // namespace
+
+struct AudioEncoder::Weights {
+  struct Layer {
+    FeedForward ff1, ff2;
+    Tensor pre_attn_norm, post_attn_norm, out_norm;
+    ClippedLinear q, k, v, post;
+    std::vector<float> q_gain;    // [hd] softplus(per_dim_scale)
+    std::vector<float> rel_keys;  // [P, nh, hd] relative_k_proj(PE(p)) for relative position p = 0 .. P-1
+    Tensor conv_pre_norm, conv_norm;
+    ClippedLinear conv_start, conv_end;  // D -> 2D (GLU), D -> D
+    std::vector<float> depthwise;        // [D, K]
+  };
+  Tensor conv0, conv1, input_proj, output_proj, projector;  // conv weights as [C, C_in · 9] im2col matrices
+  std::vector<float> norm0, norm1, output_bias;             // [C0], [C1], [O]
+  std::vector<Layer> layers;
+  int64_t proj_in = 0;  // input_proj_linear's input width: F2 · C1 for the mel bins the tower was built for
+};
+
+AudioConfig parse_audio_config(const nlohmann::json& config, const std::string& source) {
+  MB_CHECK(config.contains("audio_config") && config["audio_config"].is_object(),
+           "{}: this model has no audio_config, so it cannot read audio", source);
+  const nlohmann::json& a = config["audio_config"];
+  hf::Reader r{a, source};
+  AudioConfig c;
+  c.hidden = r.get("hidden_size", 1024);
+  c.layers = r.get("num_hidden_layers", 12);
+  c.heads = r.get("num_attention_heads", 8);
+  c.head_dim = c.heads > 0 ? c.hidden / c.heads : 0;  // transformers derives it; there is no head_dim key
+  const std::vector<int> channels = r.get("subsampling_conv_channels", std::vector<int>{128, 32});
+  MB_CHECK(channels.size() == 2, "{}: audio_config.subsampling_conv_channels should list 2 widths, has {}", source,
+           channels.size());
+  c.sscp_channels[0] = channels[0];
+  c.sscp_channels[1] = channels[1];
+  c.conv_kernel = r.get("conv_kernel_size", 5);
+  c.chunk_size = r.get("attention_chunk_size", 12);
+  c.context_left = r.get("attention_context_left", 13);
+  c.context_right = r.get("attention_context_right", 0);
+  c.logit_cap = float(r.get("attention_logit_cap", 50.0));
+  c.invalid_logit = float(r.get("attention_invalid_logits_value", -1e9));
+  c.residual_weight = float(r.get("residual_weight", 0.5));
+  // min(gradient_clipping, the f32 maximum), as transformers clamps an f32 model.
+  c.gradient_clipping = float(std::min(r.get("gradient_clipping", 1e10), double(FLT_MAX)));
+  c.eps = float(r.get("rms_norm_eps", 1e-6));
+  c.clipped_linears = r.get("use_clipped_linears", true);
+  c.output_dims = r.get("output_proj_dims", 1536);
+  const std::string act = r.get("hidden_act", std::string("silu"));
+  MB_CHECK(act == "silu" || act == "swish", "{}: audio_config.hidden_act '{}' is not supported (only silu)", source,
+           act);
+  const nlohmann::json& text = config.contains("text_config") ? config["text_config"] : config;
+  c.text_hidden = hf::Reader{text, source}.get("hidden_size", 0);
+  MB_CHECK(c.hidden > 0 && c.hidden <= std::numeric_limits<int>::max() / 4 && c.hidden % 2 == 0 && c.layers > 0 &&
+               c.heads > 0 && c.hidden % c.heads == 0 && c.sscp_channels[0] >= 4 && c.sscp_channels[1] > 0 &&
+               c.conv_kernel > 0 && c.output_dims > 0 && c.text_hidden > 0 && c.logit_cap > 0 &&
+               c.gradient_clipping > 0,
+           "{}: audio_config has unusable sizes (hidden {}, layers {}, heads {}, subsampling channels {}/{}, conv "
+           "kernel {}, output {}, soft-cap {})",
+           source, c.hidden, c.layers, c.heads, c.sscp_channels[0], c.sscp_channels[1], c.conv_kernel, c.output_dims,
+           c.logit_cap);
+  c.ffn = 4 * c.hidden;  // Gemma4AudioFeedForward's fixed width
+  // The relative-position term below follows transformers' blocked layout (chunks of chunk_size queries over
+  // context_left - 1 earlier frames), which reads the right positions only without right context and with
+  // chunks at least as long as that left context - as in every released Gemma 4.
+  MB_CHECK(c.context_right == 0 && c.context_left >= 2 && c.chunk_size >= c.context_left - 1,
+           "{}: audio_config's attention_chunk_size {}, attention_context_left {} and attention_context_right {} are "
+           "not supported (needs no right context and a chunk of at least context_left - 1 frames)",
+           source, c.chunk_size, c.context_left, c.context_right);
+  return c;
+}
+
+AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
+    : ck_(std::move(ck)), be_(be), w_(std::make_unique<Weights>()) {
+  const std::string source = ck_->path + "/config.json";
+  MB_CHECK(!ck_->hf_config.is_null(), "{}: audio needs a Hugging Face checkpoint folder (config.json)", ck_->path);
+  cfg_ = parse_audio_config(ck_->hf_config, source);
+  MB_CHECK(ck_->tensors.contains(kProjector),
+           "{}: the checkpoint has no audio tower weights ({} is missing), so it cannot read audio", ck_->path,
+           kProjector);
+  const int64_t D = cfg_.hidden, nh = cfg_.heads, hd = cfg_.head_dim, I = cfg_.ffn, K = cfg_.conv_kernel;
+  const int64_t C0 = cfg_.sscp_channels[0], C1 = cfg_.sscp_channels[1], O = cfg_.output_dims;
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor src = ck_->tensors.get(name, std::move(shape));
+    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
+             dtype_name(src.dtype), be_.name());
+    if (src.rank() > 2) src = src.reshaped({src.dim(0), src.numel() / src.dim(0)});  // conv kernels as im2col rows
+    return be_.prepare_weight(src, src.dtype);
+  };
+  auto vec = [&](const std::string& name, int64_t n) {
+    return be_.prepare_weight(ck_->tensors.get(name, {n}), DType::F32);
+  };
+  // Weights the host parts read, as f32 values.
+  auto host_values = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor t = ck_->tensors.get(name, std::move(shape));
+    std::vector<float> out(size_t(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (t.dtype == DType::F32) out[i] = t.f32()[i];
+      else if (t.dtype == DType::BF16) out[i] = bf16_to_f32(t.ptr<uint16_t>()[i]);
+      else if (t.dtype == DType::F16) out[i] = f16_to_f32(t.ptr<uint16_t>()[i]);
+      else fail("tensor '{}' has unsupported dtype {}", name, dtype_name(t.dtype));
+    }
+    return out;
+  };
+  auto scalar = [&](const std::string& name) {
+    Tensor t = ck_->tensors.get(name, {});
+    MB_CHECK(t.numel() == 1, "tensor '{}' should hold one value, has shape {}", name, t.shape_str());
+    return host_values(name, t.shape)[0];
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    ClippedLinear l;
+    l.w = matrix(name + ".linear.weight", {out, in});
+    if (cfg_.clipped_linears) {
+      l.in_lo = scalar(name + ".input_min");
+      l.in_hi = scalar(name + ".input_max");
+      l.out_lo = scalar(name + ".output_min");
+      l.out_hi = scalar(name + ".output_max");
+    }
+    return l;
+  };
+  auto feed_forward = [&](const std::string& p) {
+    FeedForward f;
+    f.pre_norm = vec(p + "pre_layer_norm.weight", D);
+    f.post_norm = vec(p + "post_layer_norm.weight", D);
+    f.up = linear(p + "ffw_layer_1", I, D);
+    f.down = linear(p + "ffw_layer_2", D, I);
+    return f;
+  };
+  const std::string t = kTower, sscp = t + "subsample_conv_projection.";
+  // transformers sizes input_proj_linear as (C0 / 4) · C1: the real flattened width F2 · C1 only for
+  // F = C0 mel bins (128 on the released models); encode() checks the features against it.
+  w_->proj_in = (C0 / 4) * C1;
+  w_->conv0 = matrix(sscp + "layer0.conv.weight", {C0, 1, 3, 3});
+  w_->norm0 = host_values(sscp + "layer0.norm.weight", {C0});
+  w_->conv1 = matrix(sscp + "layer1.conv.weight", {C1, C0, 3, 3});
+  w_->norm1 = host_values(sscp + "layer1.norm.weight", {C1});
+  w_->input_proj = matrix(sscp + "input_proj_linear.weight", {D, w_->proj_in});
+  w_->output_proj = matrix(t + "output_proj.weight", {O, D});
+  w_->output_bias = host_values(t + "output_proj.bias", {O});
+  w_->projector = matrix(kProjector, {cfg_.text_hidden, O});
+
+  // Relative positions p = 0 .. P-1 (transformers builds them from context_size / 2 down to 0):
+  // PE(p) = [sin(p·τ_i), cos(p·τ_i)], τ_i = exp(-i · ln(10^4) / (D/2 - 1)), in f32 as transformers computes
+  // them for an f32 model. For a bf16 model transformers evaluates τ, p·τ, sin and cos in bf16, up to 0.045
+  // away from this table (../shared/docs/gemma4-multimodal.md §3.3); we keep f32 throughout.
+  const int64_t context = cfg_.chunk_size + cfg_.context_left - 1 + cfg_.context_right, P = context / 2 + 1;
+  const int64_t n_timescales = D / 2;
+  const double increment = std::log(10000.0) / double(std::max<int64_t>(n_timescales - 1, 1));
+  std::vector<float> pe(size_t(P * D));
+  for (int64_t i = 0; i < n_timescales; ++i) {
+    const float tau = std::exp(float(i) * float(-increment));
+    for (int64_t p = 0; p < P; ++p) {
+      const float angle = float(p) * tau;
+      pe[size_t(p * D + i)] = std::sin(angle);
+      pe[size_t(p * D + n_timescales + i)] = std::cos(angle);
+    }
+  }
+  Tensor pe_rows = be_.scratch(DType::F32, {P, D});
+  be_.upload(pe.data(), pe_rows);
+
+  w_->layers.resize(size_t(cfg_.layers));
+  for (int l = 0; l < cfg_.layers; ++l) {
+    Weights::Layer& L = w_->layers[size_t(l)];
+    const std::string p = t + "layers." + std::to_string(l) + ".";
+    L.ff1 = feed_forward(p + "feed_forward1.");
+    L.ff2 = feed_forward(p + "feed_forward2.");
+    L.pre_attn_norm = vec(p + "norm_pre_attn.weight", D);
+    L.post_attn_norm = vec(p + "norm_post_attn.weight", D);
+    L.out_norm = vec(p + "norm_out.weight", D);
+    L.q = linear(p + "self_attn.q_proj", nh * hd, D);
+    L.k = linear(p + "self_attn.k_proj", nh * hd, D);
+    L.v = linear(p + "self_attn.v_proj", nh * hd, D);
+    L.post = linear(p + "self_attn.post", D, nh * hd);
+    L.q_gain = host_values(p + "self_attn.per_dim_scale", {hd});
+    for (float& g : L.q_gain) g = softplus(g);  // in f32 (a bf16 model's transformers run takes it in bf16)
+    {  // The relative keys depend on the weights alone: computed once here.
+      const Tensor rel_w = matrix(p + "self_attn.relative_k_proj.weight", {nh * hd, D});
+      Tensor rel = be_.scratch(DType::F32, {P, nh * hd});
+      be_.matmul(pe_rows, rel_w, rel);
+      L.rel_keys.resize(size_t(P * nh * hd));
+      be_.to_host(rel, L.rel_keys.data());
+    }
+    L.conv_pre_norm = vec(p + "lconv1d.pre_layer_norm.weight", D);
+    L.conv_norm = vec(p + "lconv1d.conv_norm.weight", D);
+    L.conv_start = linear(p + "lconv1d.linear_start", 2 * D, D);
+    L.conv_end = linear(p + "lconv1d.linear_end", D, D);
+    L.depthwise = host_values(p + "lconv1d.depthwise_conv1d.weight", {D, 1, K});
+  }
+}
+
+AudioEncoder::~AudioEncoder() = default;
+
+namespace {
+// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
+void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
+  if (l.clips_input()) {
+    Tensor xc = be.scratch(DType::F32, x.shape);
+    be.copy(x, xc);
+    be.clamp(xc, l.in_lo, l.in_hi);
+    be.matmul(xc, l.w, y);
+  } else {
+    be.matmul(x, l.w, y);
+  }
+  if (l.clips_output()) be.clamp(y, l.out_lo, l.out_hi);
+}
+
+std::vector<float> download(Backend& be, const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  be.to_host(t, v.data());
+  return v;
+}
+
+// x = SiLU(x) on the host: no backend op for it; small next to the matmuls around it.
+void silu_on_host(Backend& be, Tensor& x) {
+  std::vector<float> v = download(be, x);
+  for (float& e : v) e = silu(e);
+  be.upload(v.data(), x);
+}
+
+// Rows of x [rows, width] = ReLU(LayerNorm(row) · w), a LayerNorm with a weight and no bias, on the host: no
+// backend op for it; small next to the matmuls.
+void layer_norm_relu(std::vector<float>& x, int64_t rows, int64_t width, const std::vector<float>& w, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * width;
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < width; ++c) mean += row[c];
+    mean /= double(width);
+    for (int64_t c = 0; c < width; ++c) var += (row[c] - mean) * (row[c] - mean);
+    var /= double(width);
+    const double rstd = 1.0 / std::sqrt(var + double(eps));
+    for (int64_t c = 0; c < width; ++c) row[c] = std::max(0.f, float((row[c] - mean) * rstd) * w[size_t(c)]);
+  }
+}
+
+// x = x + residual_weight · RMSNorm(clamp(W2 · SiLU(W1 · RMSNorm(clamp(x)))))  (Gemma4AudioFeedForward).
+void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tensor& h) {
+  const int64_t n = h.rows();
+  const float clip = c.gradient_clipping;
+  Tensor a = be.scratch(DType::F32, h.shape);
+  be.copy(h, a);
+  be.clamp(a, -clip, clip);
+  be.rms_norm(a, &f.pre_norm, kDefaultNormEps, false, a);
+  Tensor u = be.scratch(DType::F32, {n, c.ffn});
+  clipped_matmul(be, a, f.up, u);
+  a = Tensor();
+  silu_on_host(be, u);
+  Tensor m = be.scratch(DType::F32, {n, c.hidden});
+  clipped_matmul(be, u, f.down, m);
+  u = Tensor();
+  be.clamp(m, -clip, clip);
+  be.rms_norm(m, &f.post_norm, kDefaultNormEps, false, m);
+  be.scale(m, c.residual_weight);
+  be.add(h, m, h);
+}
+
+// GLU of g [n, 2D] (first half · sigmoid(second half)), then the causal depthwise convolution: K taps over the
+// frame and the K-1 before it, zeros before the clip. On the host: no backend op for them; small next to the
+// matmuls. Returns [n, D].
+std::vector<float> glu_causal_conv(const std::vector<float>& g, int64_t n, int64_t D, const std::vector<float>& w,
+                                   int64_t K) {
+  std::vector<float> gated(size_t(n * D));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < D; ++c)
+      gated[size_t(t * D + c)] = g[size_t(t * 2 * D + c)] * sigmoid(g[size_t(t * 2 * D + D + c)]);
+  std::vector<float> out(size_t(n * D));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < D; ++c) {
+      float acc = 0.f;
+      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j)
+        acc += w[size_t(c * K + j)] * gated[size_t((t - (K - 1) + j) * D + c)];
+      out[size_t(t * D + c)] = acc;
+    }
+  return out;
+}
+
+// Gemma4AudioAttention's chunked local attention, one query at a time, on the host: no backend op for it; small
+// next to the matmuls (a query reads a few dozen keys). q, k, v [n, nh, hd] as projected, valid [n] the frame
+// mask, q_gain [hd] softplus(per_dim_scale), rel_keys [P, nh, hd]; returns [n, nh, hd].
+// transformers groups the queries in chunks of C; a chunk's queries see the C + L frames of context that start
+// L = context_left - 1 frames before the chunk, frames outside the clip reading as zero keys and values. The
+// logit of the key d frames back is q·k + q·r(d), soft-capped, where that key is a valid frame and 0 <= d < L
+// (the current frame and L - 1 earlier ones); every other entry of the context gets invalid_logit. So a query
+// with no such key (a padding frame's) averages the values of its whole context, as transformers' softmax over
+// equal logits does. r(d) is row d + context/2 - L of the relative keys, where transformers' rel-shift reads it
+// (row d on the released configs). This is the boolean mask transformers builds with its default ("sdpa")
+// attention implementation; with "eager" its additive 0/-inf mask goes through the same masked_fill(~mask) and
+// comes out inverted (5.17.0), which no real run uses.
+std::vector<float> local_attention(const AudioConfig& c, const std::vector<float>& q, std::vector<float> k,
+                                   const std::vector<float>& v, const std::vector<uint8_t>& valid,
+                                   const std::vector<float>& q_gain, const std::vector<float>& rel_keys) {
+  const int64_t n = int64_t(valid.size()), nh = c.heads, hd = c.head_dim, width = nh * hd;
+  const int64_t L = c.context_left - 1, C = c.chunk_size, context = C + L + c.context_right;
+  const int64_t rel_offset = context / 2 - L;
+  // Python floats that transformers multiplies f32 tensors by (as f32).
+  const float q_scale = float(std::pow(double(hd), -0.5) / std::log(2.0));
+  const float k_scale = float(std::log(1.0 + std::exp(1.0)) / std::log(2.0));
+  for (float& e : k) e *= k_scale;
+  std::vector<float> out(size_t(n * width), 0.f);
+  ThreadPool::global().parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs(static_cast<size_t>(hd)), logits(static_cast<size_t>(context));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t first = t / C * C - L;  // the frame of the context's first entry
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* qt = q.data() + t * width + h * hd;
+        for (int64_t i = 0; i < hd; ++i) qs[size_t(i)] = qt[i] * q_scale * q_gain[size_t(i)];
+        float max_logit = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < context; ++j) {
+          const int64_t s = first + j, d = t - s;
+          float logit = c.invalid_logit;
+          if (s >= 0 && s < n && valid[size_t(s)] && d >= 0 && d < L) {
+            const float* ks = k.data() + s * width + h * hd;
+            const float* r = rel_keys.data() + (d + rel_offset) * width + h * hd;
+            float content = 0.f, position = 0.f;
+            for (int64_t i = 0; i < hd; ++i) {
+              content += qs[size_t(i)] * ks[i];
+              position += qs[size_t(i)] * r[i];
+            }
+            logit = std::tanh((content + position) / c.logit_cap) * c.logit_cap;
+          }
+          logits[size_t(j)] = logit;
+          max_logit = std::max(max_logit, logit);
+        }
+        float sum = 0.f;
+        for (float& l : logits) sum += (l = std::exp(l - max_logit));
+        float* o = out.data() + t * width + h * hd;
+        for (int64_t j = 0; j < context; ++j) {
+          const int64_t s = first + j;
+          if (s < 0 || s >= n) continue;  // zero values
+          const float p = logits[size_t(j)] / sum;
+          const float* vs = v.data() + s * width + h * hd;
+          for (int64_t i = 0; i < hd; ++i) o[i] += p * vs[i];
+        }
+      }
+    }
+  });
+  return out;
+}
+}  // namespace
+
+std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<const uint8_t> valid, int n_mels) {
+  const int64_t T = int64_t(valid.size()), F = n_mels, D = cfg_.hidden, C0 = cfg_.sscp_channels[0],
+                C1 = cfg_.sscp_channels[1], K = cfg_.conv_kernel, O = cfg_.output_dims, H = cfg_.text_hidden;
+  MB_CHECK(T > 0 && F > 0 && mel.size() == size_t(T) * size_t(F),
+           "audio encoder: {} feature values for {} frames of {} mel bins", mel.size(), T, n_mels);
+  const int64_t T1 = (T + 1) / 2, F1 = (F + 1) / 2, n = (T1 + 1) / 2, F2 = (F1 + 1) / 2;
+  MB_CHECK(F2 * C1 == w_->proj_in,
+           "audio encoder: {} mel bins give {} values per frame after subsampling; the audio tower takes {} ({} mel "
+           "bins)",
+           n_mels, F2 * C1, w_->proj_in, 4 * (C0 / 4));
+  for (size_t i = 0; i < mel.size(); ++i)
+    MB_CHECK(std::isfinite(mel[i]), "audio encoder: feature {} of frame {} is {}", i % size_t(F), i / size_t(F),
+             mel[i]);
+
+  // The frame mask as the two stride-2 convolutions subsample it (mask[::2] twice); the soft tokens are the
+  // conformer's outputs at the valid entries.
+  std::vector<uint8_t> mask1(static_cast<size_t>(T1)), mask2(static_cast<size_t>(n));
+  for (int64_t t = 0; t < T1; ++t) mask1[size_t(t)] = valid[size_t(2 * t)] != 0;
+  for (int64_t t = 0; t < n; ++t) mask2[size_t(t)] = mask1[size_t(2 * t)];
+  std::vector<int32_t> kept;
+  for (int64_t t = 0; t < n; ++t)
+    if (mask2[size_t(t)]) kept.push_back(int32_t(t));
+  if (kept.empty()) return {};
+  const int64_t M = int64_t(kept.size());
+
+  // Sub-sampling: 3x3 stride-2 convolutions (padding 1, no bias) over the (time, mel) image as im2col matmuls,
+  // each followed by a LayerNorm over its channels and a ReLU; invalid frames are zeroed before each.
+  // [T, F] -> [T1, F1, C0] -> [n, F2, C1] -> [n, D]
+  std::vector<float> cols(size_t(T1 * F1 * 9), 0.f);
+  for (int64_t t1 = 0; t1 < T1; ++t1)
+    for (int64_t f1 = 0; f1 < F1; ++f1)
+      for (int64_t kh = 0; kh < 3; ++kh)
+        for (int64_t kw = 0; kw < 3; ++kw) {
+          const int64_t t = 2 * t1 - 1 + kh, f = 2 * f1 - 1 + kw;
+          if (t >= 0 && t < T && f >= 0 && f < F && valid[size_t(t)])
+            cols[size_t((t1 * F1 + f1) * 9 + kh * 3 + kw)] = mel[size_t(t * F + f)];
+        }
+  Tensor x0 = be_.scratch(DType::F32, {T1 * F1, 9});
+  be_.upload(cols.data(), x0);
+  Tensor y0 = be_.scratch(DType::F32, {T1 * F1, C0});
+  be_.matmul(x0, w_->conv0, y0);
+  x0 = Tensor();
+  std::vector<float> z1 = download(be_, y0);
+  y0 = Tensor();
+  layer_norm_relu(z1, T1 * F1, C0, w_->norm0, cfg_.eps);
+  for (int64_t t1 = 0; t1 < T1; ++t1)
+    if (!mask1[size_t(t1)]) std::fill_n(z1.begin() + t1 * F1 * C0, F1 * C0, 0.f);
+
+  // The second convolution a few frames at a time (its im2col is 9 · C0 wide).
+  const int64_t patch = C0 * 9, frames_per_pass = std::max<int64_t>(1, kIm2colBudget / (F2 * patch));
+  std::vector<float> z2(size_t(n * F2 * C1));
+  for (int64_t begin = 0; begin < n; begin += frames_per_pass) {
+    const int64_t frames = std::min(frames_per_pass, n - begin);
+    cols.assign(size_t(frames * F2 * patch), 0.f);
+    for (int64_t t2 = begin; t2 < begin + frames; ++t2)
+      for (int64_t f2 = 0; f2 < F2; ++f2)
+        for (int64_t kh = 0; kh < 3; ++kh)
+          for (int64_t kw = 0; kw < 3; ++kw) {
+            const int64_t t1 = 2 * t2 - 1 + kh, f1 = 2 * f2 - 1 + kw;
+            if (t1 < 0 || t1 >= T1 || f1 < 0 || f1 >= F1) continue;
+            const float* src = z1.data() + (t1 * F1 + f1) * C0;
+            float* dst = cols.data() + ((t2 - begin) * F2 + f2) * patch + kh * 3 + kw;  // column c · 9 + kh · 3 + kw
+            for (int64_t c = 0; c < C0; ++c) dst[c * 9] = src[c];
+          }
+    Tensor x1 = be_.scratch(DType::F32, {frames * F2, patch});
+    be_.upload(cols.data(), x1);
+    Tensor y1 = be_.scratch(DType::F32, {frames * F2, C1});
+    be_.matmul(x1, w_->conv1, y1);
+    be_.to_host(y1, z2.data() + begin * F2 * C1);
+  }
+  z1 = cols = {};
+  layer_norm_relu(z2, n * F2, C1, w_->norm1, cfg_.eps);
+  Tensor flat = be_.scratch(DType::F32, {n, F2 * C1});  // a frame's values in (mel, channel) order
+  be_.upload(z2.data(), flat);
+  Tensor h = be_.scratch(DType::F32, {n, D});
+  be_.matmul(flat, w_->input_proj, h);
+  flat = Tensor();
+
+  const float clip = cfg_.gradient_clipping;
+  for (const Weights::Layer& L : w_->layers) {
+    feed_forward(be_, L.ff1, cfg_, h);
+
+    // Attention: h += RMSNorm(clamp(post(attention(RMSNorm(clamp(h))))))
+    Tensor a = be_.scratch(DType::F32, {n, D});
+    be_.copy(h, a);
+    be_.clamp(a, -clip, clip);
+    be_.rms_norm(a, &L.pre_attn_norm, kDefaultNormEps, false, a);
+    Tensor q = be_.scratch(DType::F32, {n, D}), k = be_.scratch(DType::F32, {n, D}),
+           v = be_.scratch(DType::F32, {n, D});
+    clipped_matmul(be_, a, L.q, q);
+    clipped_matmul(be_, a, L.k, k);
+    clipped_matmul(be_, a, L.v, v);
+    a = Tensor();
+    const std::vector<float> att =
+        local_attention(cfg_, download(be_, q), download(be_, k), download(be_, v), mask2, L.q_gain, L.rel_keys);
+    q = k = v = Tensor();
+    Tensor att_rows = be_.scratch(DType::F32, {n, D});
+    be_.upload(att.data(), att_rows);
+    Tensor o = be_.scratch(DType::F32, {n, D});
+    clipped_matmul(be_, att_rows, L.post, o);
+    att_rows = Tensor();
+    be_.clamp(o, -clip, clip);
+    be_.add_rms_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false);
+    o = Tensor();
+
+    // Light convolution: h += end(SiLU(RMSNorm(clamp(conv(GLU(start(RMSNorm(h))))))))
+    Tensor b = be_.scratch(DType::F32, {n, D});
+    be_.rms_norm(h, &L.conv_pre_norm, cfg_.eps, false, b);
+    Tensor g = be_.scratch(DType::F32, {n, 2 * D});
+    clipped_matmul(be_, b, L.conv_start, g);
+    b = Tensor();
+    const std::vector<float> conv = glu_causal_conv(download(be_, g), n, D, L.depthwise, K);
+    g = Tensor();
+    Tensor cv = be_.scratch(DType::F32, {n, D});
+    be_.upload(conv.data(), cv);
+    be_.clamp(cv, -clip, clip);
+    be_.rms_norm(cv, &L.conv_norm, cfg_.eps, false, cv);
+    silu_on_host(be_, cv);
+    Tensor e = be_.scratch(DType::F32, {n, D});
+    clipped_matmul(be_, cv, L.conv_end, e);
+    cv = Tensor();
+    be_.add(h, e, h);
+    e = Tensor();
+
+    feed_forward(be_, L.ff2, cfg_, h);
+    be_.clamp(h, -clip, clip);
+    be_.rms_norm(h, &L.out_norm, kDefaultNormEps, false, h);
+  }
+
+  // Only the valid frames go on (every op from here is per frame): output_proj with its bias, then the projector
+  // (RMS norm without weight, O -> H).
+  Tensor kept_rows = be_.scratch(DType::F32, {M, D});
+  be_.gather_rows(h, kept.data(), M, kept_rows);
+  h = Tensor();
+  Tensor s = be_.scratch(DType::F32, {M, O});
+  be_.matmul(kept_rows, w_->output_proj, s);
+  kept_rows = Tensor();
+  {  // The bias on the host: no backend op adds a row to every row; small next to the matmuls.
+    std::vector<float> rows = download(be_, s);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < O; ++j) rows[size_t(r * O + j)] += w_->output_bias[size_t(j)];
+    be_.upload(rows.data(), s);
+  }
+  be_.rms_norm(s, nullptr, cfg_.eps, false, s);
+  Tensor soft = be_.scratch(DType::F32, {M, H});
+  be_.matmul(s, w_->projector, soft);
+  return download(be_, soft);
+}
+
+}  // namespace mb::gemma4_audio

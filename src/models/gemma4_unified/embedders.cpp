@@ -1,0 +1,154 @@
+// Shapes: n = patches (or frames) of one item, P = 48·48·3 pixel values a patch, D = mm_embed_dim,
+// O = output_proj_dims, H = language model width, S = audio samples a frame.
+#include "models/gemma4_unified/embedders.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "models/hf_config.h"
+
+namespace mb::gemma4_unified {
+
+namespace {
+constexpr const char* kVision = "model.vision_embedder.";
+constexpr const char* kVisionProjector = "model.embed_vision.embedding_projection.weight";
+constexpr const char* kAudioProjector = "model.embed_audio.embedding_projection.weight";
+
+// A tensor's values as f32 on the host (the small LayerNorm weights, biases and position table).
+std::vector<float> host_f32(const Tensor& t) {
+  MB_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
+           "unsupported dtype {} in the unified embedders", dtype_name(t.dtype));
+  std::vector<float> v(size_t(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    v[size_t(i)] = t.dtype == DType::F32    ? t.f32()[i]
+                   : t.dtype == DType::BF16 ? bf16_to_f32(t.ptr<uint16_t>()[i])
+                                            : f16_to_f32(t.ptr<uint16_t>()[i]);
+  return v;
+}
+
+// torch.nn.LayerNorm over each row of x [n, d], in place: (x - mean) / sqrt(var + eps) · w + b, the
+// variance biased, in f32 as PyTorch's CPU kernel. No backend op has a mean-subtracting norm; this
+// runs once per image on n ≤ 1120 rows.
+void layer_norm(std::vector<float>& x, int64_t d, const std::vector<float>& w, const std::vector<float>& b, float eps) {
+  const int64_t n = int64_t(x.size()) / d;
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = x.data() + r * d;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < d; ++i) mean += row[i];
+    mean /= double(d);
+    for (int64_t i = 0; i < d; ++i) var += (row[i] - mean) * (row[i] - mean);
+    var /= double(d);
+    const float inv = float(1.0 / std::sqrt(var + double(eps))), m = float(mean);
+    for (int64_t i = 0; i < d; ++i) row[i] = (row[i] - m) * inv * w[size_t(i)] + b[size_t(i)];
+  }
+}
+}  // namespace
+
+struct UnifiedEmbedders::Weights {
+  int patch_side = 0, pos_table = 0, mm_dim = 0, out_dim = 0, hidden = 0, audio_samples = 640;
+  float vision_eps = 1e-6f, audio_eps = 1e-6f;
+  std::vector<float> ln1_w, ln1_b, dense_b, ln2_w, ln2_b, pos, pos_w, pos_b;
+  Tensor dense, vision_proj, audio_proj;
+};
+
+UnifiedEmbedders::UnifiedEmbedders(std::shared_ptr<const Checkpoint> ck, Backend& be)
+    : ck_(std::move(ck)), be_(be), w_(std::make_unique<Weights>()) {
+  const std::string source = ck_->path + "/config.json";
+  const nlohmann::json& c = ck_->hf_config;
+  w_->hidden = ck_->config.hidden_size;
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor src = ck_->tensors.get(name, std::move(shape));
+    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
+             dtype_name(src.dtype), be_.name());
+    return be_.prepare_weight(src, src.dtype);
+  };
+  if (c.contains("vision_config") && c["vision_config"].is_object() && ck_->tensors.contains(kVisionProjector)) {
+    hf::Reader r{c["vision_config"], source};
+    w_->patch_side = r.get("patch_size", 16) * r.get("pooling_kernel_size", 3);
+    w_->mm_dim = r.get("mm_embed_dim", 3840);
+    w_->out_dim = r.get("output_proj_dims", w_->mm_dim);
+    w_->pos_table = r.get("mm_posemb_size", 1120);
+    w_->vision_eps = float(r.get("rms_norm_eps", 1e-6));
+    const int64_t P = int64_t(w_->patch_side) * w_->patch_side * 3, D = w_->mm_dim;
+    MB_CHECK(P > 0 && D > 0 && w_->out_dim == D && w_->pos_table > 0,
+             "{}: vision_config has unusable sizes (patch {} px, mm_embed_dim {}, output_proj_dims {})", source,
+             w_->patch_side, D, w_->out_dim);
+    const std::string v = kVision;
+    w_->ln1_w = host_f32(ck_->tensors.get(v + "patch_ln1.weight", {P}));
+    w_->ln1_b = host_f32(ck_->tensors.get(v + "patch_ln1.bias", {P}));
+    w_->dense = matrix(v + "patch_dense.weight", {D, P});
+    w_->dense_b = host_f32(ck_->tensors.get(v + "patch_dense.bias", {D}));
+    w_->ln2_w = host_f32(ck_->tensors.get(v + "patch_ln2.weight", {D}));
+    w_->ln2_b = host_f32(ck_->tensors.get(v + "patch_ln2.bias", {D}));
+    w_->pos = host_f32(ck_->tensors.get(v + "pos_embedding", {w_->pos_table, 2, D}));
+    w_->pos_w = host_f32(ck_->tensors.get(v + "pos_norm.weight", {D}));
+    w_->pos_b = host_f32(ck_->tensors.get(v + "pos_norm.bias", {D}));
+    w_->vision_proj = matrix(kVisionProjector, {w_->hidden, D});
+  }
+  if (c.contains("audio_config") && c["audio_config"].is_object() && ck_->tensors.contains(kAudioProjector)) {
+    hf::Reader r{c["audio_config"], source};
+    w_->audio_samples = r.get("audio_embed_dim", 640);
+    w_->audio_eps = float(r.get("rms_norm_eps", 1e-6));
+    MB_CHECK(w_->audio_samples > 0, "{}: audio_config.audio_embed_dim must be positive", source);
+    w_->audio_proj = matrix(kAudioProjector, {w_->hidden, w_->audio_samples});
+  }
+}
+
+UnifiedEmbedders::~UnifiedEmbedders() = default;
+bool UnifiedEmbedders::has_vision() const { return !w_->vision_proj.empty(); }
+bool UnifiedEmbedders::has_audio() const { return !w_->audio_proj.empty(); }
+int UnifiedEmbedders::patch_pixels() const { return w_->patch_side; }
+int UnifiedEmbedders::audio_samples_per_token() const { return w_->audio_samples; }
+
+std::vector<float> UnifiedEmbedders::encode_image(std::span<const float> pixels, std::span<const int32_t> pos_x,
+                                                  std::span<const int32_t> pos_y) {
+  MB_CHECK(has_vision(), "{}: this model has no vision embedder, so it cannot read images", ck_->path);
+  const int64_t n = int64_t(pos_x.size()), P = int64_t(w_->patch_side) * w_->patch_side * 3, D = w_->mm_dim,
+                H = w_->hidden;
+  MB_CHECK(n > 0 && pos_y.size() == size_t(n) && pixels.size() == size_t(n * P),
+           "unified vision embedder: {} pixel values for {} patches of {}", pixels.size(), n, P);
+  for (int64_t i = 0; i < n; ++i)
+    MB_CHECK(pos_x[size_t(i)] >= 0 && pos_y[size_t(i)] >= 0 && pos_x[size_t(i)] < w_->pos_table &&
+                 pos_y[size_t(i)] < w_->pos_table,
+             "unified vision embedder: patch {} at ({}, {}) is outside the {}-entry position table", i,
+             pos_x[size_t(i)], pos_y[size_t(i)], w_->pos_table);
+  std::vector<float> x(pixels.begin(), pixels.end());
+  layer_norm(x, P, w_->ln1_w, w_->ln1_b, 1e-5f);
+  Tensor xt = be_.scratch(DType::F32, {n, P}), ht = be_.scratch(DType::F32, {n, D});
+  be_.upload(x.data(), xt);
+  be_.matmul(xt, w_->dense, ht);
+  std::vector<float> h(size_t(n * D));
+  be_.to_host(ht, h.data());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += w_->dense_b[size_t(d)];
+  layer_norm(h, D, w_->ln2_w, w_->ln2_b, 1e-5f);
+  for (int64_t i = 0; i < n; ++i) {  // P[x, 0] + P[y, 1], summed first as transformers does
+    const float* px = w_->pos.data() + (int64_t(pos_x[size_t(i)]) * 2 + 0) * D;
+    const float* py = w_->pos.data() + (int64_t(pos_y[size_t(i)]) * 2 + 1) * D;
+    for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += px[d] + py[d];
+  }
+  layer_norm(h, D, w_->pos_w, w_->pos_b, 1e-5f);
+  Tensor s = be_.scratch(DType::F32, {n, D}), soft = be_.scratch(DType::F32, {n, H});
+  be_.upload(h.data(), s);
+  be_.rms_norm(s, nullptr, w_->vision_eps, false, s);
+  be_.matmul(s, w_->vision_proj, soft);
+  std::vector<float> out(size_t(n * H));
+  be_.to_host(soft, out.data());
+  return out;
+}
+
+std::vector<float> UnifiedEmbedders::encode_audio(std::span<const float> frames) {
+  MB_CHECK(has_audio(), "{}: this model has no audio embedder, so it cannot read audio", ck_->path);
+  const int64_t S = w_->audio_samples, n = int64_t(frames.size()) / S, H = w_->hidden;
+  MB_CHECK(n > 0 && frames.size() == size_t(n * S), "unified audio embedder: {} samples are not frames of {}",
+           frames.size(), S);
+  Tensor x = be_.scratch(DType::F32, {n, S}), soft = be_.scratch(DType::F32, {n, H});
+  be_.upload(frames.data(), x);
+  be_.rms_norm(x, nullptr, w_->audio_eps, false, x);
+  be_.matmul(x, w_->audio_proj, soft);
+  std::vector<float> out(size_t(n * H));
+  be_.to_host(soft, out.data());
+  return out;
+}
+
+}  // namespace mb::gemma4_unified
