@@ -93,6 +93,7 @@ class LocalEngine final : public Engine {
       res.prompt_ids = codec().encode_user_prompt(req.prompt, req.enable_thinking, req.system_prompt,
                                                   media_parts(req.media));
     else if (!req.prompt.empty()) res.prompt_ids = codec().encode(req.prompt, /*add_bos=*/true);
+    const auto t0 = std::chrono::steady_clock::now();  // time to the first token includes encoding media
     std::vector<mb::MediaSpan> spans = place_media(res.prompt_ids, req.media, req.chat && req.prompt_tokens.empty());
     MB_CHECK(!res.prompt_ids.empty(), "empty prompt: give text or at least one token");
     MB_CHECK(req.system_prompt.empty() || (req.chat && req.prompt_tokens.empty()),
@@ -108,7 +109,6 @@ class LocalEngine final : public Engine {
     o.ignore_eos = !req.stop_at_eos;
     res.prompt_tokens = int64_t(res.prompt_ids.size());
     res.finish_reason = "length";
-    const auto t0 = std::chrono::steady_clock::now();
     auto first = t0;
     bool cancelled = false;
     const mb::RequestUsage usage = run(res.prompt_ids, o, std::move(spans), [&](mb::StreamEvent& e) {
