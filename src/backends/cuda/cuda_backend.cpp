@@ -549,8 +549,8 @@ class CudaBackend final : public Backend {
     a.window = p.window;
     int32_t max_pos = 0;
     for (const AttentionSeq& sq : seqs) {
-      MB_CHECK(!sq.last, "cuda backend: bidirectional image attention (26B-A4B/31B images) is not implemented on "
-                         "the GPU yet; use --device cpu for image prompts to these models");
+      MB_CHECK(!sq.last, "cuda backend: bidirectional image attention (images to 26B-A4B, 31B and the 12B unified "
+                         "model) is not implemented on the GPU yet; use --device cpu for image prompts to these models");
       for (int64_t i = 0; i < sq.count; ++i) max_pos = std::max(max_pos, sq.pos[i]);
     }
     a.max_keys = (int64_t(max_pos >> 8) + 1) << 8;
