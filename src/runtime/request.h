@@ -86,7 +86,7 @@ struct MediaSpan {
 struct PendingRequest {
   std::vector<int32_t> prompt;
   GenerationOptions opts;
-  std::vector<MediaSpan> media;  // in prompt order, not overlapping
+  std::vector<MediaSpan> media = {};  // in prompt order, not overlapping
 };
 
 // Latency histogram: counts[i] = observations in (bounds[i - 1], bounds[i]], the last bucket
