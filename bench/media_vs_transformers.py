@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--markbase", default=os.path.join(ROOT, "build", "bin", "markbase"))
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="the checkpoint's dtype, which both engines run in (released checkpoints are bfloat16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -68,6 +70,7 @@ def main():
     cfg = e4b_encoders_config()
     model = Gemma4ForConditionalGeneration(cfg).eval()
     mm.init_weights(model, 21)
+    model = model.to(getattr(torch, args.dtype))
     model.config._attn_implementation = "sdpa"
     model.save_pretrained(work, safe_serialization=True)
     improc = Gemma4ImageProcessor()
@@ -87,18 +90,18 @@ def main():
     def hf_image():
         with torch.inference_mode():
             enc = improc(images=[Image.open(image).convert("RGB")], return_tensors="pt")
-            return inner.get_image_features(enc["pixel_values"], enc["image_position_ids"]).pooler_output
+            return inner.get_image_features(enc["pixel_values"].to(model.dtype), enc["image_position_ids"]).pooler_output
 
     def hf_audio():
         with torch.inference_mode():
             f = fe([wav], sampling_rate=16000, return_tensors="pt")
-            return inner.get_audio_features(f["input_features"], f["input_features_mask"]).pooler_output
+            return inner.get_audio_features(f["input_features"].to(model.dtype), f["input_features_mask"]).pooler_output
 
     hf_image()  # warm-up
     hf_audio()
     rows = [("image, 280 soft tokens", median_time(hf_image, args.reps), "--image", image),
             ("audio, 30 s (750 soft tokens)", median_time(hf_audio, args.reps), "--audio", audio)]
-    print(f"threads {args.threads}, {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
+    print(f"{args.dtype}, threads {args.threads}, {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
     print("| input | MarkBase s | transformers s | speed-up |")
     print("|---|---|---|---|")
     for name, hf_s, flag, path in rows:
