@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "models/hf_config.h"
+#include "models/tower_weights.h"
 
 namespace mb::gemma4_audio {
 
@@ -23,15 +24,6 @@ constexpr const char* kProjector = "model.embed_audio.embedding_projection.weigh
 constexpr float kDefaultNormEps = 1e-6f;
 // Values of one pass of the second convolution's im2col (a 30 s clip would need 110 MB at once).
 constexpr int64_t kIm2colBudget = int64_t(1) << 21;
-
-// A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
-struct ClippedLinear {
-  Tensor w;
-  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
-  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
-  bool clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
-  bool clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
-};
 
 // A Gemma4AudioFeedForward ("macaron" half step).
 struct FeedForward {
@@ -123,43 +115,14 @@ AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
            kProjector);
   const int64_t D = cfg_.hidden, nh = cfg_.heads, hd = cfg_.head_dim, I = cfg_.ffn, K = cfg_.conv_kernel;
   const int64_t C0 = cfg_.sscp_channels[0], C1 = cfg_.sscp_channels[1], O = cfg_.output_dims;
-  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
-    Tensor src = ck_->tensors.get(name, std::move(shape));
-    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
-             dtype_name(src.dtype), be_.name());
-    if (src.rank() > 2) src = src.reshaped({src.dim(0), src.numel() / src.dim(0)});  // conv kernels as im2col rows
-    return be_.prepare_weight(src, src.dtype);
-  };
-  auto vec = [&](const std::string& name, int64_t n) {
-    return be_.prepare_weight(ck_->tensors.get(name, {n}), DType::F32);
-  };
-  // Weights the host parts read, as f32 values.
+  const TowerWeights tw(*ck_, be_);
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) { return tw.matrix(name, std::move(shape)); };
+  auto vec = [&](const std::string& name, int64_t n) { return tw.vec(name, n); };
   auto host_values = [&](const std::string& name, std::vector<int64_t> shape) {
-    Tensor t = ck_->tensors.get(name, std::move(shape));
-    std::vector<float> out(size_t(t.numel()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (t.dtype == DType::F32) out[i] = t.f32()[i];
-      else if (t.dtype == DType::BF16) out[i] = bf16_to_f32(t.ptr<uint16_t>()[i]);
-      else if (t.dtype == DType::F16) out[i] = f16_to_f32(t.ptr<uint16_t>()[i]);
-      else fail("tensor '{}' has unsupported dtype {}", name, dtype_name(t.dtype));
-    }
-    return out;
-  };
-  auto scalar = [&](const std::string& name) {
-    Tensor t = ck_->tensors.get(name, {});
-    MB_CHECK(t.numel() == 1, "tensor '{}' should hold one value, has shape {}", name, t.shape_str());
-    return host_values(name, t.shape)[0];
+    return tw.host_values(name, std::move(shape));
   };
   auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    ClippedLinear l;
-    l.w = matrix(name + ".linear.weight", {out, in});
-    if (cfg_.clipped_linears) {
-      l.in_lo = scalar(name + ".input_min");
-      l.in_hi = scalar(name + ".input_max");
-      l.out_lo = scalar(name + ".output_min");
-      l.out_hi = scalar(name + ".output_max");
-    }
-    return l;
+    return tw.linear(name, out, in, cfg_.clipped_linears);
   };
   auto feed_forward = [&](const std::string& p) {
     FeedForward f;
@@ -234,19 +197,6 @@ AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
 AudioEncoder::~AudioEncoder() = default;
 
 namespace {
-// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
-void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
-  if (l.clips_input()) {
-    Tensor xc = be.scratch(DType::F32, x.shape);
-    be.copy(x, xc);
-    be.clamp(xc, l.in_lo, l.in_hi);
-    be.matmul(xc, l.w, y);
-  } else {
-    be.matmul(x, l.w, y);
-  }
-  if (l.clips_output()) be.clamp(y, l.out_lo, l.out_hi);
-}
-
 std::vector<float> download(Backend& be, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   be.to_host(t, v.data());

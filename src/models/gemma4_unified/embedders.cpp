@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "models/hf_config.h"
+#include "models/tower_weights.h"
 
 namespace mb::gemma4_unified {
 
@@ -13,18 +14,6 @@ namespace {
 constexpr const char* kVision = "model.vision_embedder.";
 constexpr const char* kVisionProjector = "model.embed_vision.embedding_projection.weight";
 constexpr const char* kAudioProjector = "model.embed_audio.embedding_projection.weight";
-
-// A tensor's values as f32 on the host (the small LayerNorm weights, biases and position table).
-std::vector<float> host_f32(const Tensor& t) {
-  MB_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
-           "unsupported dtype {} in the unified embedders", dtype_name(t.dtype));
-  std::vector<float> v(size_t(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    v[size_t(i)] = t.dtype == DType::F32    ? t.f32()[i]
-                   : t.dtype == DType::BF16 ? bf16_to_f32(t.ptr<uint16_t>()[i])
-                                            : f16_to_f32(t.ptr<uint16_t>()[i]);
-  return v;
-}
 
 // torch.nn.LayerNorm over each row of x [n, d], in place: (x - mean) / sqrt(var + eps) · w + b, the
 // variance biased, in f32 as PyTorch's CPU kernel. No backend op has a mean-subtracting norm; this
@@ -56,11 +45,10 @@ UnifiedEmbedders::UnifiedEmbedders(std::shared_ptr<const Checkpoint> ck, Backend
   const std::string source = ck_->path + "/config.json";
   const nlohmann::json& c = ck_->hf_config;
   w_->hidden = ck_->config.hidden_size;
-  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
-    Tensor src = ck_->tensors.get(name, std::move(shape));
-    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
-             dtype_name(src.dtype), be_.name());
-    return be_.prepare_weight(src, src.dtype);
+  const TowerWeights tw(*ck_, be_);
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) { return tw.matrix(name, std::move(shape)); };
+  auto host_f32 = [&](const std::string& name, std::vector<int64_t> shape) {
+    return tw.host_values(name, std::move(shape));
   };
   if (c.contains("vision_config") && c["vision_config"].is_object() && ck_->tensors.contains(kVisionProjector)) {
     hf::Reader r{c["vision_config"], source};
@@ -74,15 +62,15 @@ UnifiedEmbedders::UnifiedEmbedders(std::shared_ptr<const Checkpoint> ck, Backend
              "{}: vision_config has unusable sizes (patch {} px, mm_embed_dim {}, output_proj_dims {})", source,
              w_->patch_side, D, w_->out_dim);
     const std::string v = kVision;
-    w_->ln1_w = host_f32(ck_->tensors.get(v + "patch_ln1.weight", {P}));
-    w_->ln1_b = host_f32(ck_->tensors.get(v + "patch_ln1.bias", {P}));
+    w_->ln1_w = host_f32(v + "patch_ln1.weight", {P});
+    w_->ln1_b = host_f32(v + "patch_ln1.bias", {P});
     w_->dense = matrix(v + "patch_dense.weight", {D, P});
-    w_->dense_b = host_f32(ck_->tensors.get(v + "patch_dense.bias", {D}));
-    w_->ln2_w = host_f32(ck_->tensors.get(v + "patch_ln2.weight", {D}));
-    w_->ln2_b = host_f32(ck_->tensors.get(v + "patch_ln2.bias", {D}));
-    w_->pos = host_f32(ck_->tensors.get(v + "pos_embedding", {w_->pos_table, 2, D}));
-    w_->pos_w = host_f32(ck_->tensors.get(v + "pos_norm.weight", {D}));
-    w_->pos_b = host_f32(ck_->tensors.get(v + "pos_norm.bias", {D}));
+    w_->dense_b = host_f32(v + "patch_dense.bias", {D});
+    w_->ln2_w = host_f32(v + "patch_ln2.weight", {D});
+    w_->ln2_b = host_f32(v + "patch_ln2.bias", {D});
+    w_->pos = host_f32(v + "pos_embedding", {w_->pos_table, 2, D});
+    w_->pos_w = host_f32(v + "pos_norm.weight", {D});
+    w_->pos_b = host_f32(v + "pos_norm.bias", {D});
     w_->vision_proj = matrix(kVisionProjector, {w_->hidden, D});
   }
   if (c.contains("audio_config") && c["audio_config"].is_object() && ck_->tensors.contains(kAudioProjector)) {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/hf_config.h"
+#include "models/tower_weights.h"
 
 namespace mb::gemma4_vision {
 
@@ -15,14 +16,6 @@ namespace {
 constexpr const char* kTower = "model.vision_tower.";
 constexpr const char* kProjector = "model.embed_vision.embedding_projection.weight";
 
-// A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
-struct ClippedLinear {
-  Tensor w;
-  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
-  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
-  bool clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
-  bool clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
-};
 }  // namespace
 
 struct VisionEncoder::Weights {
@@ -76,33 +69,11 @@ VisionEncoder::VisionEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
            kProjector);
   const int64_t D = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.heads, nkv = cfg_.kv_heads, F = cfg_.ffn;
   const int64_t P = int64_t(cfg_.patch_size) * cfg_.patch_size * 3;
-  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
-    Tensor src = ck_->tensors.get(name, std::move(shape));
-    MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
-             dtype_name(src.dtype), be_.name());
-    return be_.prepare_weight(src, src.dtype);
-  };
-  auto vec = [&](const std::string& name, int64_t n) {
-    return be_.prepare_weight(ck_->tensors.get(name, {n}), DType::F32);
-  };
-  auto scalar = [&](const std::string& name) {
-    Tensor t = ck_->tensors.get(name, {});
-    MB_CHECK(t.numel() == 1, "tensor '{}' should hold one value, has shape {}", name, t.shape_str());
-    if (t.dtype == DType::F32) return t.f32()[0];
-    if (t.dtype == DType::BF16) return bf16_to_f32(t.ptr<uint16_t>()[0]);
-    if (t.dtype == DType::F16) return f16_to_f32(t.ptr<uint16_t>()[0]);
-    fail("tensor '{}' has unsupported dtype {}", name, dtype_name(t.dtype));
-  };
+  const TowerWeights tw(*ck_, be_);
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) { return tw.matrix(name, std::move(shape)); };
+  auto vec = [&](const std::string& name, int64_t n) { return tw.vec(name, n); };
   auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    ClippedLinear l;
-    l.w = matrix(name + ".linear.weight", {out, in});
-    if (cfg_.clipped_linears) {
-      l.in_lo = scalar(name + ".input_min");
-      l.in_hi = scalar(name + ".input_max");
-      l.out_lo = scalar(name + ".output_min");
-      l.out_hi = scalar(name + ".output_max");
-    }
-    return l;
+    return tw.linear(name, out, in, cfg_.clipped_linears);
   };
   const std::string t = kTower;
   w_->patch_proj = matrix(t + "patch_embedder.input_proj.weight", {D, P});
@@ -146,20 +117,6 @@ VisionEncoder::VisionEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
 
 VisionEncoder::~VisionEncoder() = default;
 
-namespace {
-// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
-void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
-  if (l.clips_input()) {
-    Tensor xc = be.scratch(DType::F32, x.shape);
-    be.copy(x, xc);
-    be.clamp(xc, l.in_lo, l.in_hi);
-    be.matmul(xc, l.w, y);
-  } else {
-    be.matmul(x, l.w, y);
-  }
-  if (l.clips_output()) be.clamp(y, l.out_lo, l.out_hi);
-}
-}  // namespace
 
 std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::span<const int32_t> pos_x,
                                          std::span<const int32_t> pos_y) {

@@ -1,0 +1,43 @@
+// What the media towers (gemma4_vision, gemma4_audio, gemma4_unified) share: reading their weights
+// from a checkpoint for a backend, and Gemma 4's clipped linears.
+#pragma once
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "models/checkpoint.h"
+
+namespace mb {
+
+// A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
+struct ClippedLinear {
+  Tensor w;
+  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
+  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
+  bool clips_input() const;
+  bool clips_output() const;
+};
+
+// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
+void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y);
+
+// Errors name the tensor and the backend.
+class TowerWeights {
+ public:
+  TowerWeights(const Checkpoint& ck, Backend& be) : ck_(ck), be_(be) {}
+  // A matrix in the checkpoint's dtype, prepared for the backend's matmuls (a conv kernel of rank
+  // > 2 as its im2col rows [out, in · kernel]).
+  Tensor matrix(const std::string& name, std::vector<int64_t> shape) const;
+  Tensor vec(const std::string& name, int64_t n) const;  // f32, for norms
+  std::vector<float> host_values(const std::string& name, std::vector<int64_t> shape) const;  // f32 on the host
+  float scalar(const std::string& name) const;  // a 0-dim (or one-element) tensor
+  // `name`.linear.weight [out, in], and with `clipped` its four bounds.
+  ClippedLinear linear(const std::string& name, int64_t out, int64_t in, bool clipped) const;
+
+ private:
+  const Checkpoint& ck_;
+  Backend& be_;
+};
+
+}  // namespace mb
