@@ -463,9 +463,7 @@ TEST(CudaRealModel, Gemma3_270mPerplexityTop1AndGreedy) {
 }  // namespace
 
 // Images and audio on the GPU: the same encoders through the CUDA backend's ops (bf16 activations
-// in its matmuls), and prompts with media against the CPU. 26B/31B-like image blocks need the
-// bidirectional mask (and so do the 12B unified model's), which the CUDA attention refuses with a
-// clear error for now.
+// in its matmuls), and prompts with media against the CPU, bidirectional image blocks included.
 namespace {
 
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -480,7 +478,8 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 
 TEST(CudaMedia, PromptsWithImagesAndAudioMatchCpu) {
   MB_SKIP_WITHOUT_CUDA();
-  for (const char* name : {"mm_e2b_like"}) {  // the E2B/E4B path: causal image tokens
+  // E2B-like: causal image tokens, audio; 12B-unified-like: image blocks bidirectional on every layer.
+  for (const char* name : {"mm_e2b_like", "mm_unified_like"}) {
     const std::string dir = mbtest::fixture(name);
     const auto ref = mbtest::read_json(dir + "/reference.json");
     auto cpu = markbase::Engine::open({.model_path = dir});
@@ -500,21 +499,6 @@ TEST(CudaMedia, PromptsWithImagesAndAudioMatchCpu) {
                   p["logits_file"].get<std::string>().c_str(), rel);
       EXPECT_LT(rel, kLogitTol) << name << " " << p["logits_file"];
     }
-  }
-}
-
-TEST(CudaMedia, BidirectionalImageBlocksAreAClearError) {
-  MB_SKIP_WITHOUT_CUDA();
-  const std::string dir = mbtest::fixture("mm_unified_like");
-  const auto ref = mbtest::read_json(dir + "/reference.json");
-  auto gpu = markbase::Engine::open({.model_path = dir, .device = kGpu});
-  const auto& p = ref["prompts"][0];
-  try {
-    gpu->prompt_logits(p["tokens"].get<std::vector<int32_t>>(), 0,
-                       {{markbase::Media::Kind::Image, dir + "/" + ref["images"][0]["file"].get<std::string>(), {}}});
-    FAIL() << "expected an error";
-  } catch (const markbase::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bidirectional"), std::string::npos) << e.what();
   }
 }
 

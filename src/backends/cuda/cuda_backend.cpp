@@ -547,15 +547,15 @@ class CudaBackend final : public Backend {
     a.scale = p.scale;
     a.softcap = p.softcap;
     a.window = p.window;
-    int32_t max_pos = 0;
-    for (const AttentionSeq& sq : seqs) {
-      MB_CHECK(!sq.last, "cuda backend: bidirectional image attention (images to 26B-A4B, 31B and the 12B unified "
-                         "model) is not implemented on the GPU yet; use --device cpu for image prompts to these models");
-      for (int64_t i = 0; i < sq.count; ++i) max_pos = std::max(max_pos, sq.pos[i]);
-    }
+    int32_t max_pos = 0, max_ahead = 0;
+    for (const AttentionSeq& sq : seqs)
+      for (int64_t i = 0; i < sq.count; ++i) {
+        max_pos = std::max(max_pos, sq.last ? sq.last[i] : sq.pos[i]);
+        if (sq.last) max_ahead = std::max(max_ahead, sq.last[i] - sq.pos[i]);
+      }
     a.max_keys = (int64_t(max_pos >> 8) + 1) << 8;
     if (debug_ & 8) a.max_keys = 1 << 20;
-    if (a.window > 0) a.max_keys = std::min<int64_t>(a.max_keys, a.window);
+    if (a.window > 0) a.max_keys = std::min<int64_t>(a.max_keys, int64_t(a.window) + max_ahead);
     MB_CHECK(kv0.k.dim(2) == a.hd && a.n_kv > 0 && a.n_heads % a.n_kv == 0 && a.hd % 8 == 0 && a.hd <= 512,
              "attention: q {} over KV {} (head dims up to 512, a multiple of 8)", q.shape_str(), kv0.k.shape_str());
     const int64_t pf = attention_partial_floats(a);
@@ -565,6 +565,7 @@ class CudaBackend final : public Backend {
       for (size_t i = i0; i < std::min(seqs.size(), i0 + kMaxSeqsPerLaunch); ++i) {
         check_kv(*seqs[i].kv, q);
         ks.s[ks.n++] = kv_seq(*seqs[i].kv, seqs[i].begin, seqs[i].count, seqs[i].pos);
+        if (seqs[i].last) ks.s[ks.n - 1].last = dev(seqs[i].last, seqs[i].count);
       }
       cuda::attention(ks, a, q.f32(), out.f32(), pf > 0 ? part.f32() : nullptr, st_);
     }

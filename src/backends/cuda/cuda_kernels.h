@@ -87,6 +87,7 @@ struct KVSeq {
   const void* v = nullptr;
   const int32_t* pages = nullptr;  // device page table or null
   const int32_t* pos = nullptr;    // device positions of the sequence's rows
+  const int32_t* last = nullptr;   // device: each row's last visible key (null: its own position)
   int64_t capacity = 0;
   int32_t begin = 0, count = 0;
   int32_t ring = 0;

@@ -71,10 +71,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   const int64_t p = s.pos[row - s.begin];
+  const int64_t hi = s.last ? s.last[row - s.begin] : p;  // an image's tokens see the whole image
   const int64_t lo = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
-  const int64_t nkeys = p - lo + 1, chunk = (nkeys + S - 1) / S;
+  const int64_t nkeys = hi - lo + 1, chunk = (nkeys + S - 1) / S;
   const int64_t kb = lo + split * chunk;
-  const int64_t ke = kb + chunk < p + 1 ? kb + chunk : p + 1;
+  const int64_t ke = kb + chunk < hi + 1 ? kb + chunk : hi + 1;
 
   float qv[GH][C][8], acc[GH][C][8], m[GH], l[GH];
 #pragma unroll
