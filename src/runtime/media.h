@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "media/file.h"
 #include "models/checkpoint.h"
 #include "models/media_encoder.h"
 #include "runtime/request.h"
@@ -52,9 +53,6 @@ class PromptMedia {
   std::list<Encoded> recent_;  // most recent first
   size_t recent_floats_ = 0;
 };
-
-// A media file's bytes: a clear error for a missing, unreadable or oversized (> 1 GiB) file.
-std::vector<uint8_t> read_media_file(const std::string& path);
 
 // 64-bit content hash of a media item (its kind and bytes).
 uint64_t media_hash(const MediaItem& item);

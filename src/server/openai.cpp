@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/printable.h"
 #include "core/utf8.h"
-#include "runtime/media.h"
+#include "media/file.h"
 #include "runtime/text.h"
 
 namespace mb::server {
