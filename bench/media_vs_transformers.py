@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Image and audio encoding speed, MarkBase against transformers 5.17.0 on the same CPU, the same
-threads and the same full-size encoders (E4B's: the 16-layer 768-wide ViT, the 12-layer 1024-wide
+"""Image and audio encoding speed, MarkBase against transformers 5.17.0 on the same CPU (same threads) or
+the same GPU (--device cuda), and the same full-size encoders (E4B's: the 16-layer 768-wide ViT, the 12-layer 1024-wide
 conformer) with random f32 weights in front of a one-layer language model of E4B's width.
 
-    python3 bench/media_vs_transformers.py [--threads N] [--reps 3] [--markbase build/bin/markbase]
+    python3 bench/media_vs_transformers.py [--threads N] [--reps 3] [--markbase build/bin/markbase] [--device cuda]
 
 Measured per item, median of --reps: transformers' processor + get_image_features / get_audio_features
 (torch.inference_mode, torch.set_num_threads(N)), and MarkBase's time to the first token of
@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--markbase", default=os.path.join(ROOT, "build", "bin", "markbase"))
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="the checkpoint's dtype, which both engines run in (released checkpoints are bfloat16)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -85,30 +86,39 @@ def main():
     wav = mm.write_wav16(audio, mm.synthetic_speech(30.0, 5), 16000)
 
     from PIL import Image
+    model = model.to(args.device)
     inner = model.model
+
+    def sync(x):
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return x
 
     def hf_image():
         with torch.inference_mode():
             enc = improc(images=[Image.open(image).convert("RGB")], return_tensors="pt")
-            return inner.get_image_features(enc["pixel_values"].to(model.dtype), enc["image_position_ids"]).pooler_output
+            return sync(inner.get_image_features(enc["pixel_values"].to(args.device, model.dtype),
+                                                 enc["image_position_ids"].to(args.device)).pooler_output)
 
     def hf_audio():
         with torch.inference_mode():
             f = fe([wav], sampling_rate=16000, return_tensors="pt")
-            return inner.get_audio_features(f["input_features"].to(model.dtype), f["input_features_mask"]).pooler_output
+            return sync(inner.get_audio_features(f["input_features"].to(args.device, model.dtype),
+                                                 f["input_features_mask"].to(args.device)).pooler_output)
 
     hf_image()  # warm-up
     hf_audio()
     rows = [("image, 280 soft tokens", median_time(hf_image, args.reps), "--image", image),
             ("audio, 30 s (750 soft tokens)", median_time(hf_audio, args.reps), "--audio", audio)]
-    print(f"{args.dtype}, threads {args.threads}, {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {args.threads}"
+    print(f"{args.dtype}, {args.device} ({where}), {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
     print("| input | MarkBase s | transformers s | speed-up |")
     print("|---|---|---|---|")
     for name, hf_s, flag, path in rows:
         mb = []
         for _ in range(args.reps):
             out = subprocess.run([args.markbase, "generate", "-m", work, "--tokens", "2,10", "-n", "1", flag, path,
-                                  "--threads", str(args.threads)], capture_output=True, text=True)
+                                  "--threads", str(args.threads), "--device", args.device], capture_output=True, text=True)
             m = re.search(r"prompt \d+ tokens in ([0-9.]+) s", out.stderr)
             if out.returncode != 0 or not m:
                 sys.exit(f"markbase failed:\n{out.stderr}")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages MarkBase builds with. Idempotent: does nothing when all are present.
 set -euo pipefail
-# libcpp-httplib-dev: `markbase serve`; stb, libjpeg-turbo, libwebp, libsndfile, libsoxr, FFTW: images and audio in; chromium + chromium-driver: the chat page's test (tests/server);
+# libcpp-httplib-dev: `markbase serve`; stb, libjpeg-turbo, libwebp, libsndfile, libsoxr, FFTW: images and audio in; libav*: video files in; chromium + chromium-driver: the chat page's test (tests/server);
 # nginx: the replicas test (tests/deploy).
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
       libbenchmark-dev libcpp-httplib-dev libstb-dev libjpeg62-turbo-dev libwebp-dev libsndfile1-dev libsoxr-dev
-      libfftw3-dev python3 python3-pip clang libclang-rt-14-dev chromium chromium-driver nginx)
+      libfftw3-dev libavformat-dev libavcodec-dev libswscale-dev libavutil-dev python3 python3-pip clang libclang-rt-14-dev chromium chromium-driver nginx)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -36,21 +36,24 @@ struct EngineOptions {
   int64_t max_context = 0;     // tokens a sequence may hold, prompt included; 0: the model's maximum
 };
 
-// An image (PNG, JPEG, GIF, BMP, WebP) or an audio clip (WAV, FLAC, OGG, MP3) for the prompt.
+// An image (PNG, JPEG, GIF, BMP, WebP), an audio clip (WAV, FLAC, OGG, MP3) or a video (a file libavformat
+// reads: MP4, MKV, WebM, MOV, AVI...; or a folder of frame images, in name order) for the prompt.
 struct Media {
-  enum class Kind { Image, Audio };
+  enum class Kind { Image, Audio, Video };
   Kind kind = Kind::Image;
-  std::string path;            // a file to read, or
-  std::vector<uint8_t> bytes;  // its contents (then `path` only names it in errors)
+  std::string path;                          // a file (or a video's folder of frames) to read, or
+  std::vector<uint8_t> bytes;                // its contents (then `path` only names it in errors), or
+  std::vector<std::vector<uint8_t>> frames;  // a video's frames as image files' contents
 };
 
 struct Request {
   std::vector<int32_t> prompt_tokens;  // used as given: no BOS is added
   std::string prompt;  // used when prompt_tokens is empty: tokenized with BOS, or as a chat turn
   bool chat = false;   // wrap `prompt` as one user turn in the model's chat template
-  // Images and audio, in order: with chat they come before the text in the user turn; otherwise the
-  // k-th image fills the k-th run of image placeholders in the prompt (a single placeholder is
-  // expanded to the image's soft-token count), or they go right after BOS when it has none.
+  // Images, audio and video, in order: with chat they come before the text in the user turn; otherwise
+  // the k-th image fills the k-th run of image placeholders in the prompt (a single placeholder is
+  // expanded to the image's soft-token count; a video's to its frames with their timestamps), or they
+  // go right after BOS when it has none.
   std::vector<Media> media;
   std::string system_prompt;  // with chat: a system turn before the user turn (empty: none)
   bool enable_thinking = false;

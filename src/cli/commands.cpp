@@ -151,20 +151,25 @@ void add_threads_option(CLI::App* cmd, int& threads) {
   cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(whole_number(0, kMaxThreads));
 }
 
-// --image FILE... and --audio FILE... of generate and logits: images first, then audio, each in
-// the order given (a prompt's image and audio placeholders are filled per kind).
+// --image FILE..., --audio FILE... and --video FILE of generate and logits: images first, then audio, then
+// the video, each in the order given (a prompt's image, audio and video placeholders are filled per kind).
 struct MediaArgs {
   std::vector<std::string> images, audio;
+  std::string video;
   void add(CLI::App* cmd) {
     cmd->add_option("--image", images, "an image (PNG, JPEG, GIF, BMP, WebP) for the prompt (repeatable)")
         ->type_name("FILE");
     cmd->add_option("--audio", audio, "an audio clip (WAV, FLAC, OGG, MP3) for the prompt (repeatable)")
         ->type_name("FILE");
+    cmd->add_option("--video", video,
+                    "a video for the prompt: a file (MP4, MKV, WebM, MOV, AVI, ...) or a folder of frame images")
+        ->type_name("FILE");
   }
   std::vector<markbase::Media> media() const {
     std::vector<markbase::Media> m;
-    for (const std::string& f : images) m.push_back({markbase::Media::Kind::Image, f, {}});
-    for (const std::string& f : audio) m.push_back({markbase::Media::Kind::Audio, f, {}});
+    for (const std::string& f : images) m.push_back({markbase::Media::Kind::Image, f, {}, {}});
+    for (const std::string& f : audio) m.push_back({markbase::Media::Kind::Audio, f, {}, {}});
+    if (!video.empty()) m.push_back({markbase::Media::Kind::Video, video, {}, {}});
     return m;
   }
 };

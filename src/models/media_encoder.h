@@ -1,6 +1,6 @@
 // What the runtime sees of a model's media front-ends: files in, soft tokens out. Each
-// architecture that reads images or audio builds one (Architecture::make_media_encoder) from its
-// preprocessors and encoder towers; the runtime places the soft tokens in prompts (runtime/media.h).
+// architecture that reads images, audio or video builds one (Architecture::make_media_encoder) from
+// its preprocessors and encoder towers; the runtime places the soft tokens in prompts (runtime/media.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,16 +9,30 @@
 namespace mb {
 
 struct MediaItem {
-  enum class Kind { Image, Audio };
+  enum class Kind { Image, Audio, Video };
   Kind kind = Kind::Image;
-  std::vector<uint8_t> bytes;  // the file's contents
-  std::string what;            // names it in errors (a path, "image 2 of the request")
+  std::vector<uint8_t> bytes;               // the file's contents, or
+  std::vector<std::vector<uint8_t>> frames;  // a video given as frame images, in order (then `bytes` is empty)
+  std::string what;                          // names it in errors (a path, "image 2 of the request")
 };
 
 // The ids a prompt marks media with: one placeholder per soft token between begin and end markers.
+// Video frames are marked like images (begin, placeholders, end) with their own placeholder.
 struct MediaTokenIds {
   int32_t image = -1, image_begin = -1, image_end = -1;
   int32_t audio = -1, audio_begin = -1, audio_end = -1;
+  int32_t video = -1;
+};
+
+// A media item's soft tokens [n, hidden_size()] in blocks: one for an image or an audio clip, one per
+// sampled frame for a video, each with the text the prompt puts before it (a frame's `MM:SS` timestamp).
+struct MediaEncoding {
+  struct Block {
+    int64_t tokens = 0;
+    std::string label;
+  };
+  std::vector<float> soft;
+  std::vector<Block> blocks;
 };
 
 class MediaEncoder {
@@ -26,9 +40,8 @@ class MediaEncoder {
   virtual ~MediaEncoder() = default;
   virtual const MediaTokenIds& token_ids() const = 0;
   virtual int hidden_size() const = 0;  // width of a soft token (the language model's)
-  // Soft tokens [n, hidden_size()] of one image or audio clip; throws mb::Error naming item.what for
-  // unreadable media and for a kind this model does not read.
-  virtual std::vector<float> encode(const MediaItem& item) = 0;
+  // Throws mb::Error naming item.what for unreadable media and for a kind this model does not read.
+  virtual MediaEncoding encode(const MediaItem& item) = 0;
 };
 
 }  // namespace mb

@@ -72,7 +72,9 @@ std::shared_ptr<RequestStream> AsyncEngine::submit(std::vector<int32_t> prompt, 
   std::vector<MediaSpan> spans;
   if (!media.empty()) {
     std::lock_guard<std::mutex> lock(step_mu_);
-    spans = core_->media().place(prompt, media, core_->config().bos_id, /*rendered=*/true);
+    PromptMedia::Tokenize tokenize;
+    if (core_->text()) tokenize = [this](const std::string& s) { return core_->text()->encode(s, /*add_bos=*/false); };
+    spans = core_->media().place(prompt, media, core_->config().bos_id, /*rendered=*/true, tokenize);
   }
   core_->validate(prompt, opts, spans);  // reads only what loading fixed: safe beside the engine thread
   if (request_id.empty()) request_id = fmt::format("req-{}", ++g_request_counter);

@@ -2,12 +2,15 @@
 // the same engine core (scheduler, paged KV, sampler) that serves many users at once.
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "markbase/markbase.h"
+#include "media/file.h"
+#include "media/video.h"
 #include "models/model.h"
 #include "runtime/engine_core.h"
 #include "runtime/text.h"
@@ -167,7 +170,8 @@ class LocalEngine final : public Engine {
   // The chat template's parts for the media, which it prints as one placeholder each.
   static std::vector<std::string> media_parts(const std::vector<Media>& media) {
     std::vector<std::string> parts;
-    for (const Media& m : media) parts.push_back(m.kind == Media::Kind::Image ? "image" : "audio");
+    for (const Media& m : media)
+      parts.push_back(m.kind == Media::Kind::Image ? "image" : m.kind == Media::Kind::Audio ? "audio" : "video");
     return parts;
   }
 
@@ -175,15 +179,28 @@ class LocalEngine final : public Engine {
                                          bool rendered = false) {
     if (media.empty()) return {};
     std::vector<mb::MediaItem> items;
-    for (size_t i = 0; i < media.size(); ++i) {
-      const Media& m = media[i];
-      mb::MediaItem it;
-      it.kind = m.kind == Media::Kind::Image ? mb::MediaItem::Kind::Image : mb::MediaItem::Kind::Audio;
-      it.what = !m.path.empty() ? m.path : fmt::format("{} {} of the request", m.kind == Media::Kind::Image ? "image" : "audio clip", i + 1);
-      it.bytes = m.bytes.empty() && !m.path.empty() ? mb::read_media_file(m.path) : m.bytes;
-      items.push_back(std::move(it));
+    for (size_t i = 0; i < media.size(); ++i) items.push_back(media_item(media[i], i));
+    mb::PromptMedia::Tokenize tokenize;
+    if (core_.text()) tokenize = [this](const std::string& s) { return core_.text()->encode(s, /*add_bos=*/false); };
+    return core_.media().place(prompt, items, core_.config().bos_id, rendered, tokenize);
+  }
+
+  static mb::MediaItem media_item(const Media& m, size_t i) {
+    static constexpr const char* kNames[] = {"image", "audio clip", "video"};
+    mb::MediaItem it;
+    it.kind = m.kind == Media::Kind::Image   ? mb::MediaItem::Kind::Image
+              : m.kind == Media::Kind::Audio ? mb::MediaItem::Kind::Audio
+                                             : mb::MediaItem::Kind::Video;
+    it.what = !m.path.empty() ? m.path : fmt::format("{} {} of the request", kNames[int(m.kind)], i + 1);
+    if (!m.bytes.empty() || !m.frames.empty()) {
+      it.bytes = m.bytes;
+      it.frames = m.frames;
+    } else if (m.kind == Media::Kind::Video && std::filesystem::is_directory(m.path)) {
+      for (const std::string& f : mb::list_frame_files(m.path)) it.frames.push_back(mb::read_media_file(f));
+    } else if (!m.path.empty()) {
+      it.bytes = mb::read_media_file(m.path);
     }
-    return core_.media().place(prompt, items, core_.config().bos_id, rendered);
+    return it;
   }
 
   const mb::TextCodec& codec() const {

@@ -12,7 +12,17 @@ namespace {
 // Soft tokens kept for reuse: enough for a conversation's images (E4B: 280 x 2560 floats an image).
 constexpr size_t kKeptFloats = size_t(64) << 20;
 
-const char* kind_name(MediaItem::Kind k) { return k == MediaItem::Kind::Image ? "image" : "audio clip"; }
+const char* kind_name(MediaItem::Kind k) {
+  return k == MediaItem::Kind::Image ? "image" : k == MediaItem::Kind::Audio ? "audio clip" : "video";
+}
+
+uint64_t mix(uint64_t h) {  // splitmix64's finaliser
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
 
 std::string ordinal(size_t i) {
   const size_t n = i + 1;
@@ -22,14 +32,16 @@ std::string ordinal(size_t i) {
 }  // namespace
 
 uint64_t media_hash(const MediaItem& item) {
-  // FNV-1a over the bytes, then a splitmix finaliser; the kind is the seed.
-  uint64_t h = 1469598103934665603ull ^ uint64_t(item.kind == MediaItem::Kind::Image ? 0x1a : 0x2b);
+  // FNV-1a over the bytes (a video's frames each followed by a separator), then a splitmix finaliser; the kind
+  // is the seed.
+  const uint64_t seed = item.kind == MediaItem::Kind::Image ? 0x1a : item.kind == MediaItem::Kind::Audio ? 0x2b : 0x3c;
+  uint64_t h = 1469598103934665603ull ^ seed;
   for (uint8_t b : item.bytes) h = (h ^ b) * 1099511628211ull;
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
+  for (const auto& frame : item.frames) {
+    for (uint8_t b : frame) h = (h ^ b) * 1099511628211ull;
+    h = (h ^ 0x100) * 1099511628211ull;
+  }
+  return mix(h);
 }
 
 PromptMedia::PromptMedia(std::string model_path, Backend& backend) : path_(std::move(model_path)), backend_(backend) {}
@@ -43,13 +55,8 @@ MediaEncoder& PromptMedia::encoder() {
   return *encoder_;
 }
 
-const MediaTokenIds& PromptMedia::token_ids() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return encoder().token_ids();
-}
-
 PromptMedia::Encoded PromptMedia::encode(const MediaItem& item) {
-  MB_CHECK(!item.bytes.empty(), "{}: the file is empty", item.what);
+  MB_CHECK(!item.bytes.empty() || !item.frames.empty(), "{}: the file is empty", item.what);
   const uint64_t hash = media_hash(item);
   for (auto it = recent_.begin(); it != recent_.end(); ++it)
     if (it->hash == hash) {
@@ -57,23 +64,36 @@ PromptMedia::Encoded PromptMedia::encode(const MediaItem& item) {
       return recent_.front();
     }
   MediaEncoder& enc = encoder();
-  auto soft = std::make_shared<std::vector<float>>(enc.encode(item));
+  const MediaEncoding m = enc.encode(item);
   const int64_t width = enc.hidden_size();
-  MB_CHECK(width > 0 && !soft->empty() && int64_t(soft->size()) % width == 0,
-           "{}: the encoder gave {} values, not whole soft tokens of {}", item.what, soft->size(), width);
-  for (float v : *soft) MB_CHECK(std::isfinite(v), "{}: the encoder's soft tokens are not finite", item.what);
-  Encoded e{hash, soft, int64_t(soft->size()) / width};
+  int64_t total = 0;
+  for (const MediaEncoding::Block& b : m.blocks) {
+    MB_CHECK(b.tokens > 0, "{}: the encoder gave an empty block", item.what);
+    total += b.tokens;
+  }
+  MB_CHECK(width > 0 && !m.blocks.empty() && int64_t(m.soft.size()) == total * width,
+           "{}: the encoder gave {} values, not its {} soft tokens of {}", item.what, m.soft.size(), total, width);
+  for (float v : m.soft) MB_CHECK(std::isfinite(v), "{}: the encoder's soft tokens are not finite", item.what);
+  Encoded e{hash, {}, m.soft.size()};
+  const float* at = m.soft.data();
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    const size_t n = size_t(m.blocks[i].tokens) * size_t(width);
+    auto soft = std::make_shared<const std::vector<float>>(at, at + n);
+    at += n;
+    e.blocks.push_back({std::move(soft), m.blocks[i].tokens, m.blocks[i].label,
+                        m.blocks.size() == 1 ? hash : mix(hash + 0x9e3779b97f4a7c15ull * (i + 1))});
+  }
   recent_.push_front(e);
-  recent_floats_ += soft->size();
+  recent_floats_ += e.floats;
   while (recent_floats_ > kKeptFloats && recent_.size() > 1) {
-    recent_floats_ -= recent_.back().soft->size();
+    recent_floats_ -= recent_.back().floats;
     recent_.pop_back();
   }
   return e;
 }
 
 std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items,
-                                          int32_t bos_id, bool rendered) {
+                                          int32_t bos_id, bool rendered, const Tokenize& tokenize) {
   std::vector<MediaSpan> spans;
   if (items.empty()) return spans;
   std::lock_guard<std::mutex> lock(mu_);
@@ -85,71 +105,94 @@ std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const st
     MediaItem::Kind kind;
     int32_t placeholder, begin, end;
   };
-  for (const KindIds k : {KindIds{MediaItem::Kind::Image, ids.image, ids.image_begin, ids.image_end},
-                          KindIds{MediaItem::Kind::Audio, ids.audio, ids.audio_begin, ids.audio_end}}) {
+  const KindIds kinds[] = {{MediaItem::Kind::Image, ids.image, ids.image_begin, ids.image_end},
+                           {MediaItem::Kind::Audio, ids.audio, ids.audio_begin, ids.audio_end},
+                           {MediaItem::Kind::Video, ids.video, ids.image_begin, ids.image_end}};
+  std::vector<std::vector<const Block*>> blocks_of(3);  // per kind, every item's blocks in order
+  for (size_t kind_i = 0; kind_i < 3; ++kind_i) {
+    const KindIds k = kinds[kind_i];
+    const bool video = k.kind == MediaItem::Kind::Video;
     std::vector<size_t> mine;
     for (size_t i = 0; i < items.size(); ++i)
       if (items[i].kind == k.kind) mine.push_back(i);
     if (mine.empty()) continue;
+    for (size_t i : mine)
+      for (const Block& b : encoded[i].blocks) blocks_of[kind_i].push_back(&b);
     MB_CHECK(k.placeholder >= 0, "this model has no {} placeholder token", kind_name(k.kind));
+    bool singles = rendered;  // every placeholder is one item
     if (std::find(prompt.begin(), prompt.end(), k.placeholder) == prompt.end()) {
       const size_t at = !prompt.empty() && prompt[0] == bos_id ? 1 : 0;
       prompt.insert(prompt.begin() + std::ptrdiff_t(at), mine.size(), k.placeholder);
+      singles = true;
     }
-    // Runs of placeholders, in order; each takes the next item of this kind.
-    size_t next = 0;
+    // Runs of placeholders, in order; each is a whole item to expand, or the next block of the current one.
+    size_t next = 0, block = 0;
     for (size_t p = 0; p < prompt.size();) {
       if (prompt[p] != k.placeholder) {
         ++p;
         continue;
       }
       size_t e = p + 1;
-      while (!rendered && e < prompt.size() && prompt[e] == k.placeholder) ++e;
+      while (!singles && e < prompt.size() && prompt[e] == k.placeholder) ++e;
       MB_CHECK(next < mine.size(), "the prompt has more {} placeholder runs than the {} {}(s) given",
                kind_name(k.kind), mine.size(), kind_name(k.kind));
       const Encoded& m = encoded[mine[next]];
       const MediaItem& item = items[mine[next]];
       const int64_t run = int64_t(e - p);
-      if (run == 1 && m.tokens != 1) {
+      const bool one_token = m.blocks.size() == 1 && m.blocks[0].tokens == 1;
+      if (block == 0 && run == 1 && !one_token) {
         std::vector<int32_t> fill;
-        if (p == 0 || prompt[p - 1] != k.begin) fill.push_back(k.begin);
-        fill.insert(fill.end(), size_t(m.tokens), k.placeholder);
-        if (e == prompt.size() || prompt[e] != k.end) fill.push_back(k.end);
+        for (size_t b = 0; b < m.blocks.size(); ++b) {
+          if (video) {
+            MB_CHECK(tokenize != nullptr, "{}: a video needs the model's tokenizer (its frames' timestamps are text)",
+                     item.what);
+            const std::vector<int32_t> t = tokenize(b == 0 ? m.blocks[b].label + " " : " " + m.blocks[b].label + " ");
+            fill.insert(fill.end(), t.begin(), t.end());
+          }
+          if (video || p == 0 || prompt[p - 1] != k.begin) fill.push_back(k.begin);
+          fill.insert(fill.end(), size_t(m.blocks[b].tokens), k.placeholder);
+          if (video || e == prompt.size() || prompt[e] != k.end) fill.push_back(k.end);
+        }
         prompt.erase(prompt.begin() + std::ptrdiff_t(p));
         prompt.insert(prompt.begin() + std::ptrdiff_t(p), fill.begin(), fill.end());
-        if (fill.front() == k.begin) ++p;
-        e = p + size_t(m.tokens);
-      } else {
-        MB_CHECK(run == m.tokens,
-                 "the {} {} ({}) gives {} soft tokens but its placeholder run in the prompt has {} (give one "
-                 "placeholder to have it expanded)",
-                 ordinal(next), kind_name(k.kind), item.what, m.tokens, run);
+        p += fill.size();
+        ++next;
+        continue;
       }
+      MB_CHECK(run == m.blocks[block].tokens,
+               "the {} {} ({}) gives {} soft tokens{} but its placeholder run in the prompt has {} (give one "
+               "placeholder to have it expanded)",
+               ordinal(next), kind_name(k.kind), item.what, m.blocks[block].tokens,
+               m.blocks.size() > 1 ? fmt::format(" in its {} frame", ordinal(block)) : std::string(), run);
       p = e;
-      ++next;
+      if (++block == m.blocks.size()) {
+        block = 0;
+        ++next;
+      }
     }
+    MB_CHECK(block == 0, "the prompt has placeholder runs for {} of the {} frames of the {} video", block,
+             encoded[mine[next]].blocks.size(), ordinal(next));
     MB_CHECK(next == mine.size(), "{} {}(s) given but the prompt has {} placeholder run(s) for them", mine.size(),
              kind_name(k.kind), next);
   }
-  // Spans from the final prompt (expanding one kind's runs moves the other's).
-  std::vector<size_t> taken(2, 0);
+  // Spans from the final prompt (expanding one kind's runs moves the others').
+  std::vector<size_t> taken(3, 0);
   for (size_t p = 0; p < prompt.size();) {
-    const bool image = prompt[p] == ids.image, audio = prompt[p] == ids.audio;
-    if (!image && !audio) {
+    size_t kind_i = 0;
+    while (kind_i < 3 && (blocks_of[kind_i].empty() || prompt[p] != kinds[kind_i].placeholder)) ++kind_i;
+    if (kind_i == 3) {
       ++p;
       continue;
     }
     size_t e = p;
     while (e < prompt.size() && prompt[e] == prompt[p]) ++e;
-    const MediaItem::Kind kind = image ? MediaItem::Kind::Image : MediaItem::Kind::Audio;
-    size_t& k = taken[image ? 0 : 1];
-    size_t seen = 0, i = 0;
-    for (; i < items.size(); ++i)
-      if (items[i].kind == kind && seen++ == k) break;
-    MB_CHECK(i < items.size(), "the prompt has more {} placeholder runs than {}(s) given", kind_name(kind),
-             kind_name(kind));
-    ++k;
-    spans.push_back({int64_t(p), int64_t(e - p), encoded[i].soft, encoded[i].hash, image});
+    size_t& k = taken[kind_i];
+    MB_CHECK(k < blocks_of[kind_i].size(), "the prompt has more {} placeholder runs than {}(s) given",
+             kind_name(kinds[kind_i].kind), kind_name(kinds[kind_i].kind));
+    const Block& b = *blocks_of[kind_i][k++];
+    MB_CHECK(int64_t(e - p) == b.tokens, "a {} placeholder run of {} where {} soft tokens go",
+             kind_name(kinds[kind_i].kind), e - p, b.tokens);
+    spans.push_back({int64_t(p), int64_t(e - p), b.soft, b.hash, kinds[kind_i].kind != MediaItem::Kind::Audio});
     p = e;
   }
   return spans;

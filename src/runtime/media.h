@@ -1,8 +1,10 @@
-// Media in prompts: each image or audio clip is encoded once (soft tokens kept by content hash, so
-// a later turn about the same image does not encode it again) and placed at its placeholder run,
-// which becomes a MediaSpan of the request. The prefix cache keys those positions by the hash.
+// Media in prompts: each image, audio clip or video is encoded once (soft tokens kept by content hash,
+// so a later turn about the same image does not encode it again) and placed at its placeholder run(s),
+// each of which becomes a MediaSpan of the request (a video: one per frame). The prefix cache keys
+// those positions by the hash.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -24,23 +26,32 @@ class PromptMedia {
   PromptMedia(std::string model_path, Backend& backend);
   ~PromptMedia();
 
+  // Text to token ids (no BOS): a video's frame timestamps are text in the prompt.
+  using Tokenize = std::function<std::vector<int32_t>(const std::string&)>;
+
   // Places `items` in `prompt` and returns their spans. The k-th image fills the k-th run of image
   // placeholders (likewise audio): a run of exactly its soft-token count as it is, a single
   // placeholder (what chat templates print) expanded to begin marker + placeholders + end marker
-  // (the markers kept where the prompt already has them). A prompt with no placeholders of a kind
-  // gets its items right after a leading BOS. Throws for counts that do not match.
-  // `rendered`: the prompt is a chat template's rendering, where each placeholder stands for one
-  // item (adjacent items make a run of several), so every one is expanded.
+  // (the markers kept where the prompt already has them). A video's single placeholder becomes what
+  // Gemma4Processor writes for it: per frame `MM:SS ` + begin + placeholders + end, frames joined by a
+  // space (the timestamps through `tokenize`); a video already written out that way fills its frame
+  // runs in order. A prompt with no placeholders of a kind gets its items right after a leading BOS.
+  // Throws for counts that do not match. `rendered`: the prompt is a chat template's rendering, where
+  // each placeholder stands for one item (adjacent items make a run of several), so every one is expanded.
   std::vector<MediaSpan> place(std::vector<int32_t>& prompt, const std::vector<MediaItem>& items, int32_t bos_id,
-                               bool rendered = false);
-
-  const MediaTokenIds& token_ids();
+                               bool rendered = false, const Tokenize& tokenize = nullptr);
 
  private:
+  struct Block {
+    std::shared_ptr<const std::vector<float>> soft;  // [tokens, hidden]
+    int64_t tokens = 0;
+    std::string label;  // text before it in the prompt (a video frame's timestamp)
+    uint64_t hash = 0;  // the item's hash, a video's mixed with the frame's number
+  };
   struct Encoded {
     uint64_t hash = 0;
-    std::shared_ptr<const std::vector<float>> soft;
-    int64_t tokens = 0;
+    std::vector<Block> blocks;
+    size_t floats = 0;
   };
   Encoded encode(const MediaItem& item);
   MediaEncoder& encoder();

@@ -12,6 +12,7 @@
 #include "core/printable.h"
 #include "core/utf8.h"
 #include "media/file.h"
+#include "media/video.h"
 #include "runtime/text.h"
 
 namespace mb::server {
@@ -283,8 +284,52 @@ std::vector<uint8_t> media_bytes(const std::string& url, const MediaSink& sink, 
   }
 }
 
-// An image_url / audio_url / input_audio part: its media item, and the template's part for it.
+// A video part: `video_url` ({"url": ...} or a URL string: one video file), `input_video` ({"data": base64,
+// "format": "mp4"} for a file, or {"frames": [URL, ...]} for its frames as images, each URL as image_url takes).
+MediaItem video_part(const Json& p, const std::string& type, const std::string& pw, MediaSink* sink) {
+  MediaItem item;
+  item.kind = MediaItem::Kind::Video;
+  item.what = pw;
+  const std::string at = pw + "." + type;
+  const Json* v = field(p, type.c_str());
+  if (type == "input_video") {
+    const Json* data = v && v->is_object() ? field(*v, "data") : nullptr;
+    const Json* frames = v && v->is_object() ? field(*v, "frames") : nullptr;
+    if (data && data->is_string()) {
+      if (sink) {
+        auto bytes = base64_decode(data->get<std::string>());
+        if (!bytes || bytes->empty()) bad_request(at + ".data", fmt::format("'{}.data' is not valid base64", at));
+        item.bytes = std::move(*bytes);
+      }
+    } else if (frames && frames->is_array() && !frames->empty() && frames->size() <= size_t(kMaxVideoFramesKept)) {
+      for (size_t f = 0; f < frames->size(); ++f) {
+        const Json& u = (*frames)[f];
+        const Json* url = u.is_object() ? field(u, "url") : &u;
+        const std::string fw = fmt::format("{}.frames[{}]", at, f);
+        if (!url || !url->is_string()) bad_request(fw, fmt::format("'{}' must be a URL string", fw));
+        if (sink) item.frames.push_back(media_bytes(url->get<std::string>(), *sink, fw));
+      }
+    } else {
+      bad_request(at, fmt::format("'{}' must be {{\"data\": base64, \"format\": \"mp4\" | ...}} or {{\"frames\": "
+                                  "[1 to {} image URLs]}}", at, kMaxVideoFramesKept));
+    }
+  } else {
+    const Json* url = v && v->is_object() ? field(*v, "url") : v;
+    if (!url || !url->is_string())
+      bad_request(at, fmt::format("'{}' must be {{\"url\": \"data:...\"}} or a URL string", at));
+    if (sink) item.bytes = media_bytes(url->get<std::string>(), *sink, at);
+  }
+  return item;
+}
+
+// An image_url / audio_url / input_audio / video_url / input_video part: its media item, and the template's part
+// for it.
 Json media_part(const Json& p, const std::string& type, const std::string& pw, MediaSink* sink) {
+  if (type == "video_url" || type == "input_video") {
+    MediaItem item = video_part(p, type, pw, sink);
+    if (sink) sink->items.push_back(std::move(item));
+    return {{"type", "video"}};
+  }
   const bool image = type == "image_url" || type == "image";
   MediaItem item;
   item.kind = image ? MediaItem::Kind::Image : MediaItem::Kind::Audio;
@@ -339,12 +384,12 @@ Json chat_message(const Json& m, size_t i, MediaSink* sink) {
       const Json* type = p.is_object() ? field(p, "type") : nullptr;
       if (!type || !type->is_string()) bad_request(pw, fmt::format("'{}' must be an object with a 'type'", pw));
       const std::string t = type->get<std::string>();
-      if (t == "image_url" || t == "audio_url" || t == "input_audio") {
+      if (t == "image_url" || t == "audio_url" || t == "input_audio" || t == "video_url" || t == "input_video") {
         parts.push_back(media_part(p, t, pw, sink));
         continue;
       }
       if (t != "text")
-        bad_request(pw, fmt::format("'{}': content parts are text, image_url, audio_url or input_audio, not '{}'", pw,
+        bad_request(pw, fmt::format("'{}': content parts are text, image_url, audio_url, input_audio, video_url or input_video, not '{}'", pw,
                                     printable(t, 40)));
       const Json* text = field(p, "text");
       if (!text || !text->is_string()) bad_request(pw + ".text", fmt::format("'{}.text' must be a string", pw));

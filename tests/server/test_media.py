@@ -1,7 +1,8 @@
-"""Images (and audio) through `markbase serve`'s chat endpoint with the official OpenAI client: data:
+"""Images, audio and video through `markbase serve`'s chat endpoint with the official OpenAI client: data:
 URLs, the answer equal to what transformers' processor and model give for the same chat
-(tests/fixtures/mm_e2b_like/reference.json "chat"), and the refusals: URLs are never fetched,
-local paths only under --allowed-media-dir (no `..` or symlink escape), bad media is a 400."""
+(tests/fixtures/mm_e2b_like/reference.json and video_reference.json "chat"), video as a file (video_url,
+input_video) or as frames, and the refusals: URLs are never fetched, local paths only under
+--allowed-media-dir (no `..` or symlink escape), bad media is a 400."""
 import base64
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 from conftest import ROOT, Server
 
 MM = ROOT / "tests/fixtures/mm_e2b_like"
+VIDEOS = ROOT / "tests/fixtures/videos"
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,11 @@ def test_bad_media_is_a_400(mm_server, client_for):
         ({"type": "image_url", "image_url": {"url": data_url(MM / "audio_0.wav", "image/png")}}, "content[0]"),
         ({"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF\0\0\0\0WAVE").decode(), "format": "wav"}},
          "audio"),
-        ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "content parts are"),
+        ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "content[0]"),
+        ({"type": "input_video", "input_video": {"frames": []}}, "frames"),
+        ({"type": "input_video", "input_video": {"frames": [data_url(MM / "image_0.png"), data_url(MM / "image_1.png")]}},
+         "share one size"),
+        ({"type": "input_visual", "input_visual": {}}, "content parts are"),
     ]
     for part, words in bad:
         with pytest.raises(openai.BadRequestError) as e:
@@ -99,3 +105,34 @@ def test_bad_media_is_a_400(mm_server, client_for):
     # The server is still fine afterwards.
     ok = ask(c, mm_server.model, [{"type": "text", "text": "Hi"}])
     assert ok.choices[0].finish_reason == "length"
+
+
+def pieces_of(ids):
+    tok = json.loads((MM / "tokenizer.json").read_text())
+    id_to_piece = {i: t for t, i in tok["model"]["vocab"].items()}
+    return [id_to_piece[i] for i in ids]
+
+
+def test_video_chat_matches_transformers(mm_server, client_for):
+    ref = json.loads((MM / "video_reference.json").read_text())
+    c = client_for(mm_server)
+    case = next(x for x in ref["chat"] if ref["videos"][x["video"]]["file"] == "short.mov")  # fits --ctx 512
+    url = data_url(VIDEOS / "short.mov", "video/quicktime")
+    b64 = url.split(",", 1)[1]
+    for part in [{"type": "video_url", "video_url": {"url": url}},
+                 {"type": "input_video", "input_video": {"data": b64, "format": "mov"}}]:
+        r = ask(c, mm_server.model, [part, {"type": "text", "text": case["text"]}], logprobs=True)
+        assert r.usage.prompt_tokens == len(case["prompt_ids"])
+        got = [g.token for g in r.choices[0].logprobs.content][:len(case["greedy"])]
+        want = [p.replace("\u2581", " ") for p in pieces_of(case["greedy"])]
+        assert [g for g, w in zip(got, want) if not w.startswith("<0x")] == [w for w in want if not w.startswith("<0x")]
+
+
+def test_video_as_frames(mm_server, client_for):
+    c = client_for(mm_server)
+    frames = sorted((VIDEOS / "frames").iterdir())
+    part = {"type": "input_video", "input_video": {"frames": [data_url(f) for f in frames]}}
+    r = ask(c, mm_server.model, [part, {"type": "text", "text": "What happens?"}])
+    assert r.choices[0].finish_reason == "length"
+    # Three frames of 63 soft tokens, each with its begin/end markers and timestamp.
+    assert r.usage.prompt_tokens > 3 * 65

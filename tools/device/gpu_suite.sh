@@ -14,7 +14,7 @@
 # build-cuda/tests/markbase_tests when present, else those of a packed carry folder (CARRY_DIR; by default
 # build-cuda/carry/, else .devcarry/): markbase.xz and markbase_tests.xz (or plain), the build's CMakeCache.txt,
 # COMMIT, and lib/ with the shared libraries a bare machine lacks (put first on their LD_LIBRARY_PATH). `--build`
-# makes that folder here: Release, -DMARKBASE_CUDA=ON, stripped (STRIP=0 keeps symbols), xz-compressed (11 and 8
+# makes that folder here: Release, -DMARKBASE_CUDA=ON (no video files: -DMARKBASE_VIDEO=OFF), stripped (STRIP=0 keeps symbols), xz-compressed (11 and 8
 # MB become ~3 and ~2), and prints what the call would send. Without binaries the script builds build-cuda/ there
 # (the 16-core host takes a few minutes of the call) from the .deb files of build-devdeps/ where packages are
 # missing (nlohmann-json, CLI11, fmt, GoogleTest, cpp-httplib; unpacked into a private prefix, never into /), which
@@ -70,7 +70,7 @@ configure_and_build() {  # LOG: Release, CUDA on, benchmarks off; markbase and t
   fi
   local gen=(-G "Unix Makefiles")
   command -v ninja >/dev/null && gen=(-G Ninja)
-  { cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMARKBASE_CUDA=ON -DMARKBASE_BENCH=OFF \
+  { cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMARKBASE_CUDA=ON -DMARKBASE_VIDEO=OFF -DMARKBASE_BENCH=OFF \
       -DMARKBASE_TESTS=ON &&
       cmake --build "$build" --target markbase markbase_tests -j "${JOBS:-$(nproc)}"; } >"$log" 2>&1
 }

@@ -3,7 +3,8 @@
 real image and audio files: soft tokens, prompt logits with the media spliced in, and greedy
 continuations.
 
-Rerun:  python3 tools/reference/make_mm_fixtures.py
+Rerun:  python3 tools/reference/make_mm_fixtures.py, then make_video_cases.py (the video references use these
+        checkpoints and add a video_processor to their processor_config.json)
 Output: tests/fixtures/<name>/ for name in mm_e2b_like (E2B/E4B-like: clipped-linear ViT, audio
         conformer, PLE decoder) and mm_large_like (26B/31B-like: standardised ViT, image tokens
         bidirectional on sliding layers).

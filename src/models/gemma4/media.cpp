@@ -1,5 +1,6 @@
 // Gemma 4's media front-ends: an image file through the processor's resize and patchify
-// (gemma4_vision/preprocess.h) into the ViT (gemma4_vision/encoder.h); an audio file decoded,
+// (gemma4_vision/preprocess.h) into the ViT (gemma4_vision/encoder.h); a video's sampled frames the same way,
+// each at the video processor's budget and with its timestamp; an audio file decoded,
 // downmixed, resampled to the feature extractor's rate, turned into log-mel features
 // (gemma4_audio/features.h) and through the conformer (gemma4_audio/encoder.h). The processor's
 // settings come from the checkpoint's processor_config.json, as transformers' AutoProcessor reads them.
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "media/audio.h"
 #include "media/image.h"
+#include "media/video.h"
 #include "models/checkpoint.h"
 #include "models/gemma4/gemma4.h"
 #include "models/gemma4_audio/encoder.h"
@@ -43,6 +45,7 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     ids_.audio = r.get("audio_token_id", 258881);
     ids_.audio_begin = r.get("boa_token_id", 256000);
     ids_.audio_end = r.get("eoa_token_index", r.get("eoa_token_id", 258883));
+    ids_.video = r.get("video_token_id", 258884);
     hidden_ = ck_->config.hidden_size;
     const fs::path proc = fs::path(ck_->path) / "processor_config.json";
     if (fs::exists(proc)) {
@@ -58,12 +61,78 @@ class Gemma4MediaEncoder final : public MediaEncoder {
   const MediaTokenIds& token_ids() const override { return ids_; }
   int hidden_size() const override { return hidden_; }
 
-  std::vector<float> encode(const MediaItem& item) override {
+  MediaEncoding encode(const MediaItem& item) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return item.kind == MediaItem::Kind::Image ? encode_image(item) : encode_audio(item);
+    if (item.kind == MediaItem::Kind::Video) return encode_video(item);
+    MediaEncoding e;
+    e.soft = item.kind == MediaItem::Kind::Image ? encode_image(item) : encode_audio(item);
+    e.blocks.push_back({int64_t(e.soft.size()) / hidden_, ""});
+    return e;
   }
 
  private:
+  // Gemma4VideoProcessor + Gemma4Processor.replace_video_token: frames sampled uniformly, each through the
+  // image path (its own budget, division rescale) and the vision tower alone; a block per frame, labelled
+  // with its timestamp.
+  MediaEncoding encode_video(const MediaItem& item) {
+    const gemma4_vision::VideoProcessorConfig cfg = gemma4_vision::parse_video_processor_config(processor_);
+    const FramePicker pick = [&](int64_t total, double) {
+      return gemma4_vision::sample_frame_indices(total, cfg.num_frames);
+    };
+    const VideoFrames v = item.frames.empty() ? decode_video(item.bytes, item.what, pick)
+                                              : decode_video_frames(item.frames, item.what, pick);
+    MediaEncoding e;
+    for (size_t f = 0; f < v.frames.size(); ++f) {
+      std::vector<float> soft = encode_frame(v.frames[f], cfg.frame, item.what);
+      e.blocks.push_back({int64_t(soft.size()) / hidden_, gemma4_vision::frame_timestamp(v.indices[f], v.fps)});
+      e.soft.insert(e.soft.end(), soft.begin(), soft.end());
+    }
+    return e;
+  }
+
+  std::vector<float> encode_frame(const RgbImage& img, gemma4_vision::ImageProcessorConfig frame_cfg,
+                                  const std::string& what) {
+    if (unified_) {
+      MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read video ({})",
+               ck_->path, what);
+      const gemma4_vision::ImageProcessorConfig icfg = unified_image_config();
+      frame_cfg.patch_size = icfg.patch_size;
+      frame_cfg.pooling_kernel_size = icfg.pooling_kernel_size;
+      const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
+          gemma4_vision::preprocess_image(img, frame_cfg), frame_cfg.pooling_kernel_size);
+      return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
+    }
+    open_vision(what);
+    if (!processor_.contains("video_processor")) {  // no video settings: the image path's geometry
+      frame_cfg.patch_size = image_cfg_.patch_size;
+      frame_cfg.pooling_kernel_size = image_cfg_.pooling_kernel_size;
+    }
+    MB_CHECK(frame_cfg.patch_size == vision_->config().patch_size &&
+                 frame_cfg.pooling_kernel_size == vision_->config().pooling_kernel,
+             "{}: processor_config.json's video patch size {} and pooling {} differ from the vision tower's {} and {}",
+             ck_->path, frame_cfg.patch_size, frame_cfg.pooling_kernel_size, vision_->config().patch_size,
+             vision_->config().pooling_kernel);
+    const gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, frame_cfg);
+    return vision_->encode(p.pixels, p.pos_x, p.pos_y);
+  }
+
+  void open_vision(const std::string& what) {
+    if (vision_) return;
+    MB_CHECK(ck_->hf_config.contains("vision_config") && ck_->hf_config["vision_config"].is_object(),
+             "{}: this model has no vision tower, so it cannot read images or video ({})", ck_->path, what);
+    vision_ = std::make_unique<gemma4_vision::VisionEncoder>(ck_, be_);
+    image_cfg_ = gemma4_vision::parse_image_processor_config(processor_);
+    if (!processor_.contains("image_processor")) {  // no processor file: the tower's own geometry
+      image_cfg_.patch_size = vision_->config().patch_size;
+      image_cfg_.pooling_kernel_size = vision_->config().pooling_kernel;
+    }
+    MB_CHECK(image_cfg_.patch_size == vision_->config().patch_size &&
+                 image_cfg_.pooling_kernel_size == vision_->config().pooling_kernel,
+             "{}: processor_config.json's patch size {} and pooling {} differ from the vision tower's {} and {}",
+             ck_->path, image_cfg_.patch_size, image_cfg_.pooling_kernel_size, vision_->config().patch_size,
+             vision_->config().pooling_kernel);
+  }
+
   std::vector<float> encode_image(const MediaItem& item) {
     if (unified_) {
       MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read images ({})",
@@ -73,21 +142,7 @@ class Gemma4MediaEncoder final : public MediaEncoder {
           gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), cfg), cfg.pooling_kernel_size);
       return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
     }
-    if (!vision_) {
-      MB_CHECK(ck_->hf_config.contains("vision_config") && ck_->hf_config["vision_config"].is_object(),
-               "{}: this model has no vision tower, so it cannot read images ({})", ck_->path, item.what);
-      vision_ = std::make_unique<gemma4_vision::VisionEncoder>(ck_, be_);
-      image_cfg_ = gemma4_vision::parse_image_processor_config(processor_);
-      if (!processor_.contains("image_processor")) {  // no processor file: the tower's own geometry
-        image_cfg_.patch_size = vision_->config().patch_size;
-        image_cfg_.pooling_kernel_size = vision_->config().pooling_kernel;
-      }
-      MB_CHECK(image_cfg_.patch_size == vision_->config().patch_size &&
-                   image_cfg_.pooling_kernel_size == vision_->config().pooling_kernel,
-               "{}: processor_config.json's patch size {} and pooling {} differ from the vision tower's {} and {}",
-               ck_->path, image_cfg_.patch_size, image_cfg_.pooling_kernel_size, vision_->config().patch_size,
-               vision_->config().pooling_kernel);
-    }
+    open_vision(item.what);
     const RgbImage img = decode_image(item.bytes, item.what);
     const gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, image_cfg_);
     return vision_->encode(p.pixels, p.pos_x, p.pos_y);

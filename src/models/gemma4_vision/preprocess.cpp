@@ -70,6 +70,61 @@ ImageProcessorConfig parse_image_processor_config(const nlohmann::json& processo
   return cfg;
 }
 
+VideoProcessorConfig parse_video_processor_config(const nlohmann::json& processor_config) {
+  MB_CHECK(processor_config.is_object(), "processor config: expected a JSON object");
+  VideoProcessorConfig cfg;
+  if (!processor_config.contains("video_processor")) return cfg;
+  const nlohmann::json& vp = processor_config["video_processor"];
+  MB_CHECK(vp.is_object(), "processor config: video_processor must be an object");
+  cfg.frame.patch_size = int_key(vp, "patch_size", cfg.frame.patch_size);
+  cfg.frame.pooling_kernel_size = int_key(vp, "pooling_kernel_size", cfg.frame.pooling_kernel_size);
+  cfg.frame.max_soft_tokens = int_key(vp, "max_soft_tokens", cfg.frame.max_soft_tokens);
+  check_budget(cfg.frame.max_soft_tokens);
+  cfg.num_frames = int_key(vp, "num_frames", cfg.num_frames);
+  check_fixed_setting(vp, "do_resize", true);
+  check_fixed_setting(vp, "do_rescale", true);
+  check_fixed_setting(vp, "do_normalize", true);
+  check_fixed_setting(vp, "do_convert_rgb", true);
+  check_fixed_setting(vp, "do_sample_frames", true);
+  check_fixed_setting(vp, "resample", 3);
+  check_fixed_setting(vp, "rescale_factor", 1.0 / 255.0);
+  check_fixed_setting(vp, "image_mean", nlohmann::json::array({0.0, 0.0, 0.0}));
+  check_fixed_setting(vp, "image_std", nlohmann::json::array({1.0, 1.0, 1.0}));
+  return cfg;
+}
+
+std::vector<int64_t> sample_frame_indices(int64_t total_frames, int num_frames) {
+  MB_CHECK(total_frames > 0 && num_frames > 0, "cannot sample {} of {} frames", num_frames, total_frames);
+  std::vector<int64_t> out;
+  if (total_frames <= num_frames) {
+    for (int64_t i = 0; i < total_frames; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t i = 0; i < num_frames; ++i) out.push_back(i * total_frames / num_frames);
+  return out;
+}
+
+std::string frame_timestamp(int64_t index, double fps) {
+  if (!(fps > 0)) fps = 24;
+  const float t = float(index) / float(fps);
+  // torch's float floor_divide and remainder (c10 div_floor_floating / `a - b * floor(a / b)`), in float32.
+  const float b = 60.0f;
+  float mod = std::fmod(t, b);
+  float div = (t - mod) / b;
+  if (mod != 0.0f && ((b < 0) != (mod < 0))) {
+    mod += b;
+    div -= 1.0f;
+  }
+  float floordiv = 0;
+  if (div != 0.0f) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5f) floordiv += 1.0f;
+  } else {
+    floordiv = std::copysign(0.0f, t / b);
+  }
+  return fmt::format("{:02d}:{:02d}", int64_t(floordiv), int64_t(mod));
+}
+
 ImageSize aspect_ratio_preserving_size(ImageSize image, const ImageProcessorConfig& cfg, int max_soft_tokens) {
   const int64_t height = image.height, width = image.width;
   MB_CHECK(height > 0 && width > 0, "cannot resize a {}x{} image", width, height);
@@ -137,7 +192,10 @@ ImagePatches preprocess_image(const RgbImage& img, const ImageProcessorConfig& c
       float* dst = &out.pixels[n * patch_len];
       for (int i = 0; i < p; ++i) {
         const uint8_t* src = &resized.rgb[(size_t(r) * size_t(p) + size_t(i)) * row_bytes + size_t(c) * size_t(p) * 3];
-        for (size_t j = 0; j < size_t(p) * 3; ++j) *dst++ = float(src[j]) * kRescale;
+        if (cfg.rescale_by_division)
+          for (size_t j = 0; j < size_t(p) * 3; ++j) *dst++ = float(src[j]) / 255.0f;
+        else
+          for (size_t j = 0; j < size_t(p) * 3; ++j) *dst++ = float(src[j]) * kRescale;
       }
       out.pos_x[n] = c;
       out.pos_y[n] = r;

@@ -21,7 +21,31 @@ struct ImageProcessorConfig {
   int patch_size = 16;
   int pooling_kernel_size = 3;
   int max_soft_tokens = 280;
+  // The video processor's rescale: its do_rescale and do_normalize (mean 0, std 1) fuse into one normalize by
+  // std 255, a float32 division, which differs from the image path's x · float32(1/255) by an ulp for 126 of
+  // the 256 byte values.
+  bool rescale_by_division = false;
 };
+
+// Gemma4VideoProcessor (models/gemma4/video_processing_gemma4.py): each sampled frame through the image
+// steps at its own (smaller) budget. ../shared/docs/gemma4-multimodal.md §2.2.
+struct VideoProcessorConfig {
+  ImageProcessorConfig frame{16, 3, 70, true};
+  int num_frames = 32;  // frames sampled uniformly (BaseVideoProcessor.sample_frames)
+};
+
+// The `video_processor` object of processor_config.json; HF's class defaults for absent keys (or no object).
+VideoProcessorConfig parse_video_processor_config(const nlohmann::json& processor_config);
+
+// BaseVideoProcessor.sample_frames with num_frames: floor(i · total / num_frames) for i < num_frames (HF's
+// float arange, whose step total/num_frames and products are exact for these sizes). Where HF raises
+// (fewer frames than num_frames) every frame is kept, as a user of a short clip expects.
+std::vector<int64_t> sample_frame_indices(int64_t total_frames, int num_frames);
+
+// A sampled frame's timestamp as the processor writes it into the prompt: `MM:SS` of index / fps, with
+// HF's float32 arithmetic (the index is a torch int tensor, so the division, // and % run in float32).
+// fps <= 0 (unknown: a list of frames) counts as 24, as Gemma4Processor.replace_video_token assumes.
+std::string frame_timestamp(int64_t index, double fps);
 
 // The `image_processor` object of processor_config.json (or a flat preprocessor_config.json);
 // HF's class defaults for absent keys. Throws mb::Error for values HF would reject.
