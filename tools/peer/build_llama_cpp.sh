@@ -20,6 +20,8 @@
 # PEER_CUDA=1 builds the CUDA peer for tools/device/gpu_suite.sh instead: GGML_CUDA for sm_90a (H100/H200),
 # flash attention kernels as upstream ships them, shared libraries (one libggml-cuda.so beside the binaries),
 # targets llama-bench and llama-batched-bench. nvcc compiles it on a machine without a GPU.
+# PEER_MTMD=1 also builds llama-mtmd-cli (images and audio through an mmproj GGUF: bench/media_vs_transformers.py
+# --llama-cpp DIR).
 set -euo pipefail
 
 dir=${1:-/tmp/markbase-peer}
@@ -76,6 +78,7 @@ cmake -S "$src" -B "$dir/build" "${generator[@]}" \
   ${commit:+-DLLAMA_BUILD_COMMIT=$commit}
 targets=(llama-bench llama-completion llama-simple llama-perplexity llama-quantize llama-gguf)
 [ "$server" = ON ] && targets+=(llama-server)
+[ "${PEER_MTMD:-0}" = 1 ] && targets+=(llama-mtmd-cli)
 [ "${PEER_CUDA:-0}" = 1 ] && targets=(llama-bench llama-batched-bench)
 cmake --build "$dir/build" -j "$jobs" --target "${targets[@]}"
 

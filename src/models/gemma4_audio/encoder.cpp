@@ -212,19 +212,6 @@ void silu_on_host(Backend& be, Tensor& x) {
 
 // Rows of x [rows, width] = ReLU(LayerNorm(row) · w), a LayerNorm with a weight and no bias, on the host: no
 // backend op for it; small next to the matmuls.
-void layer_norm_relu(std::vector<float>& x, int64_t rows, int64_t width, const std::vector<float>& w, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x.data() + r * width;
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < width; ++c) mean += row[c];
-    mean /= double(width);
-    for (int64_t c = 0; c < width; ++c) var += (row[c] - mean) * (row[c] - mean);
-    var /= double(width);
-    const double rstd = 1.0 / std::sqrt(var + double(eps));
-    for (int64_t c = 0; c < width; ++c) row[c] = std::max(0.f, float((row[c] - mean) * rstd) * w[size_t(c)]);
-  }
-}
-
 // x = x + residual_weight · RMSNorm(clamp(W2 · SiLU(W1 · RMSNorm(clamp(x)))))  (Gemma4AudioFeedForward).
 void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tensor& h) {
   const int64_t n = h.rows();
@@ -374,7 +361,7 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
   x0 = Tensor();
   std::vector<float> z1 = download(be_, y0);
   y0 = Tensor();
-  layer_norm_relu(z1, T1 * F1, C0, w_->norm0, cfg_.eps);
+  layer_norm_rows(z1, C0, w_->norm0, {}, cfg_.eps, /*relu=*/true);
   for (int64_t t1 = 0; t1 < T1; ++t1)
     if (!mask1[size_t(t1)]) std::fill_n(z1.begin() + t1 * F1 * C0, F1 * C0, 0.f);
 
@@ -401,7 +388,7 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
     be_.to_host(y1, z2.data() + begin * F2 * C1);
   }
   z1 = cols = {};
-  layer_norm_relu(z2, n * F2, C1, w_->norm1, cfg_.eps);
+  layer_norm_rows(z2, C1, w_->norm1, {}, cfg_.eps, /*relu=*/true);
   Tensor flat = be_.scratch(DType::F32, {n, F2 * C1});  // a frame's values in (mel, channel) order
   be_.upload(z2.data(), flat);
   Tensor h = be_.scratch(DType::F32, {n, D});

@@ -18,19 +18,6 @@ constexpr const char* kAudioProjector = "model.embed_audio.embedding_projection.
 // torch.nn.LayerNorm over each row of x [n, d], in place: (x - mean) / sqrt(var + eps) · w + b, the
 // variance biased, in f32 as PyTorch's CPU kernel. No backend op has a mean-subtracting norm; this
 // runs once per image on n ≤ 1120 rows.
-void layer_norm(std::vector<float>& x, int64_t d, const std::vector<float>& w, const std::vector<float>& b, float eps) {
-  const int64_t n = int64_t(x.size()) / d;
-  for (int64_t r = 0; r < n; ++r) {
-    float* row = x.data() + r * d;
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < d; ++i) mean += row[i];
-    mean /= double(d);
-    for (int64_t i = 0; i < d; ++i) var += (row[i] - mean) * (row[i] - mean);
-    var /= double(d);
-    const float inv = float(1.0 / std::sqrt(var + double(eps))), m = float(mean);
-    for (int64_t i = 0; i < d; ++i) row[i] = (row[i] - m) * inv * w[size_t(i)] + b[size_t(i)];
-  }
-}
 }  // namespace
 
 struct UnifiedEmbedders::Weights {
@@ -101,7 +88,7 @@ std::vector<float> UnifiedEmbedders::encode_image(std::span<const float> pixels,
              "unified vision embedder: patch {} at ({}, {}) is outside the {}-entry position table", i,
              pos_x[size_t(i)], pos_y[size_t(i)], w_->pos_table);
   std::vector<float> x(pixels.begin(), pixels.end());
-  layer_norm(x, P, w_->ln1_w, w_->ln1_b, 1e-5f);
+  layer_norm_rows(x, P, w_->ln1_w, w_->ln1_b, 1e-5f);
   Tensor xt = be_.scratch(DType::F32, {n, P}), ht = be_.scratch(DType::F32, {n, D});
   be_.upload(x.data(), xt);
   be_.matmul(xt, w_->dense, ht);
@@ -109,13 +96,13 @@ std::vector<float> UnifiedEmbedders::encode_image(std::span<const float> pixels,
   be_.to_host(ht, h.data());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += w_->dense_b[size_t(d)];
-  layer_norm(h, D, w_->ln2_w, w_->ln2_b, 1e-5f);
+  layer_norm_rows(h, D, w_->ln2_w, w_->ln2_b, 1e-5f);
   for (int64_t i = 0; i < n; ++i) {  // P[x, 0] + P[y, 1], summed first as transformers does
     const float* px = w_->pos.data() + (int64_t(pos_x[size_t(i)]) * 2 + 0) * D;
     const float* py = w_->pos.data() + (int64_t(pos_y[size_t(i)]) * 2 + 1) * D;
     for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += px[d] + py[d];
   }
-  layer_norm(h, D, w_->pos_w, w_->pos_b, 1e-5f);
+  layer_norm_rows(h, D, w_->pos_w, w_->pos_b, 1e-5f);
   Tensor s = be_.scratch(DType::F32, {n, D}), soft = be_.scratch(DType::F32, {n, H});
   be_.upload(h.data(), s);
   be_.rms_norm(s, nullptr, w_->vision_eps, false, s);
