@@ -4,6 +4,12 @@ the same GPU (--device cuda), and the same full-size encoders (E4B's: the 16-lay
 conformer) with random f32 weights in front of a one-layer language model of E4B's width.
 
     python3 bench/media_vs_transformers.py [--threads N] [--reps 3] [--markbase build/bin/markbase] [--device cuda]
+                                           [--llama-cpp /tmp/markbase-peer]
+
+--llama-cpp DIR (made by `PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR`) adds llama.cpp's mtmd encoders: its
+converter writes the same checkpoint as a text GGUF and an mmproj GGUF (f16, as its mmproj files ship), and
+`llama-mtmd-cli` reports each slice's encode time ("... slice encoded in N ms": the encoder alone, after its own
+preprocessing), median of --reps runs.
 
 Measured per item, median of --reps: transformers' processor + get_image_features / get_audio_features
 (torch.inference_mode, torch.set_num_threads(N)), and MarkBase's time to the first token of
@@ -64,6 +70,7 @@ def main():
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="the checkpoint's dtype, which both engines run in (released checkpoints are bfloat16)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--llama-cpp", help="llama.cpp peer folder (PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -112,19 +119,74 @@ def main():
             ("audio, 30 s (750 soft tokens)", median_time(hf_audio, args.reps), "--audio", audio)]
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {args.threads}"
     print(f"{args.dtype}, {args.device} ({where}), {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
-    print("| input | MarkBase s | transformers s | speed-up |")
-    print("|---|---|---|---|")
+    peer = llama_cpp_mtmd(args, work) if args.llama_cpp else None
+    print("| input | MarkBase s | transformers s | speed-up |" + (" llama.cpp mtmd s | vs llama.cpp |" if peer else ""))
+    print("|---|---|---|---|" + ("---|---|" if peer else ""))
+    # A second image (other pixels, same size) and a second clip: on the GPU MarkBase's figure is the time one more
+    # item adds to a prompt (its first item pays for the process's first kernel launches and cuBLAS plans, which
+    # transformers' warm-up call leaves out).
+    image2 = os.path.join(work, "photo2.png")
+    mm.synthetic_image(1024, 768, 6).save(image2)
+    audio2 = os.path.join(work, "speech2.wav")
+    mm.write_wav16(audio2, mm.synthetic_speech(30.0, 6), 16000)
+    second = {image: image2, audio: audio2}
+
+    def markbase_prompt_s(items):
+        cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
+               args.device, "--tokens", "2," + ",".join(["10"] * len(items))]
+        for flag, path in items:
+            cmd += [flag, path]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        m = re.search(r"prompt \d+ tokens in ([0-9.]+) s", out.stderr)
+        if out.returncode != 0 or not m:
+            sys.exit(f"markbase failed:\n{out.stderr}")
+        return float(m.group(1))
+
     for name, hf_s, flag, path in rows:
-        mb = []
+        one = statistics.median(markbase_prompt_s([(flag, path)]) for _ in range(args.reps))
+        if args.device == "cuda":
+            two = statistics.median(markbase_prompt_s([(flag, path), (flag, second[path])]) for _ in range(args.reps))
+            mb_s = two - one
+        else:
+            mb_s = one
+        line = f"| {name} | {mb_s:.3f} | {hf_s:.3f} | {hf_s / mb_s:.2f}x |"
+        if peer:
+            p = peer(flag, path)
+            line += f" {p:.3f} | {p / mb_s:.2f}x |" if p else " failed | |"
+        print(line)
+
+
+def llama_cpp_mtmd(args, work):
+    """Converts the checkpoint with llama.cpp's own converter and returns a timer for llama-mtmd-cli."""
+    import glob
+    srcs = glob.glob(os.path.join(args.llama_cpp, "src", "llama_cpp_python-*", "vendor", "llama.cpp"))
+    cli = os.path.join(args.llama_cpp, "build", "bin", "llama-mtmd-cli")
+    if not srcs or not os.path.exists(cli):
+        sys.exit(f"{args.llama_cpp}: no llama.cpp source or llama-mtmd-cli (PEER_MTMD=1 tools/peer/build_llama_cpp.sh)")
+    src = sorted(srcs)[-1]
+    mm.write_mm_tokenizer(work)  # the converter needs a tokenizer for the text GGUF
+    text, proj = os.path.join(work, "text.gguf"), os.path.join(work, "mmproj.gguf")
+    env = dict(os.environ, PYTHONPATH=os.path.join(src, "gguf-py"))
+    for extra, out in (([], text), (["--mmproj"], proj)):
+        r = subprocess.run([sys.executable, os.path.join(src, "convert_hf_to_gguf.py"), work, "--outtype", "f16",
+                            "--outfile", out] + extra, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            sys.exit(f"llama.cpp's converter failed:\n{r.stderr[-3000:]}")
+
+    def run(flag, path):
+        kind = "image" if flag == "--image" else "audio"
+        times = []
         for _ in range(args.reps):
-            out = subprocess.run([args.markbase, "generate", "-m", work, "--tokens", "2,10", "-n", "1", flag, path,
-                                  "--threads", str(args.threads), "--device", args.device], capture_output=True, text=True)
-            m = re.search(r"prompt \d+ tokens in ([0-9.]+) s", out.stderr)
-            if out.returncode != 0 or not m:
-                sys.exit(f"markbase failed:\n{out.stderr}")
-            mb.append(float(m.group(1)))
-        mb_s = statistics.median(mb)
-        print(f"| {name} | {mb_s:.3f} | {hf_s:.3f} | {hf_s / mb_s:.2f}x |")
+            r = subprocess.run([cli, "-m", text, "--mmproj", proj, flag, path, "-p", "x", "-n", "1",
+                                "-t", str(args.threads)] + ([] if args.device == "cuda" else ["-ngl", "0"]),
+                               capture_output=True, text=True)
+            ms = [float(m) for m in re.findall(rf"{kind} slice encoded in (\d+) ms", r.stderr + r.stdout)]
+            if r.returncode != 0 or not ms:
+                print(f"llama-mtmd-cli {flag} failed:\n{(r.stderr + r.stdout)[-2000:]}", file=sys.stderr)
+                return None
+            times.append(sum(ms) / 1000.0)
+        return statistics.median(times)
+    return run
 
 
 if __name__ == "__main__":

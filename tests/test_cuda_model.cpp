@@ -487,9 +487,9 @@ TEST(CudaMedia, PromptsWithImagesAndAudioMatchCpu) {
     for (const auto& p : ref["prompts"]) {
       std::vector<markbase::Media> media;
       for (int i : p["images"].get<std::vector<int>>())
-        media.push_back({markbase::Media::Kind::Image, dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>(), {}});
+        media.push_back({markbase::Media::Kind::Image, dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>(), {}, {}});
       for (int i : p["audios"].get<std::vector<int>>())
-        media.push_back({markbase::Media::Kind::Audio, dir + "/" + ref["audios"][size_t(i)]["file"].get<std::string>(), {}});
+        media.push_back({markbase::Media::Kind::Audio, dir + "/" + ref["audios"][size_t(i)]["file"].get<std::string>(), {}, {}});
       const auto tokens = p["tokens"].get<std::vector<int32_t>>();
       const auto c = cpu->prompt_logits(tokens, 0, media), g = gpu->prompt_logits(tokens, 0, media);
       ASSERT_EQ(c.size(), g.size());

@@ -129,9 +129,9 @@ std::vector<MmPrompt> mm_prompts(const std::string& dir) {
     m.greedy = p["greedy"].get<std::vector<int32_t>>();
     m.logits_file = dir + "/" + p["logits_file"].get<std::string>();
     for (int i : p["images"].get<std::vector<int>>())
-      m.media.push_back({markbase::Media::Kind::Image, dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>(), {}});
+      m.media.push_back({markbase::Media::Kind::Image, dir + "/" + ref["images"][size_t(i)]["file"].get<std::string>(), {}, {}});
     for (int i : p["audios"].get<std::vector<int>>())
-      m.media.push_back({markbase::Media::Kind::Audio, dir + "/" + ref["audios"][size_t(i)]["file"].get<std::string>(), {}});
+      m.media.push_back({markbase::Media::Kind::Audio, dir + "/" + ref["audios"][size_t(i)]["file"].get<std::string>(), {}, {}});
     out.push_back(std::move(m));
   }
   return out;
@@ -180,8 +180,8 @@ TEST(MediaChat, PromptIdsAndGreedyMatchTransformers) {
     markbase::Request req;
     req.chat = true;
     req.prompt = c["text"].get<std::string>();
-    for (const auto& f : c["images"]) req.media.push_back({markbase::Media::Kind::Image, dir + "/" + f.get<std::string>(), {}});
-    for (const auto& f : c["audios"]) req.media.push_back({markbase::Media::Kind::Audio, dir + "/" + f.get<std::string>(), {}});
+    for (const auto& f : c["images"]) req.media.push_back({markbase::Media::Kind::Image, dir + "/" + f.get<std::string>(), {}, {}});
+    for (const auto& f : c["audios"]) req.media.push_back({markbase::Media::Kind::Audio, dir + "/" + f.get<std::string>(), {}, {}});
     req.max_new_tokens = int(c["greedy"].size());
     req.stop_at_eos = false;
     const markbase::Result r = engine->generate(req);
@@ -193,7 +193,7 @@ TEST(MediaChat, PromptIdsAndGreedyMatchTransformers) {
 TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
   const std::string dir = mbtest::fixture("mm_e2b_like");
   auto engine = markbase::Engine::open({.model_path = dir});
-  const markbase::Media img{markbase::Media::Kind::Image, dir + "/image_0.png", {}};
+  const markbase::Media img{markbase::Media::Kind::Image, dir + "/image_0.png", {}, {}};
   auto message_of = [&](const std::vector<int32_t>& ids, const std::vector<markbase::Media>& media) {
     try {
       engine->prompt_logits(ids, 0, media);
@@ -212,9 +212,9 @@ TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
   two.push_back(499);
   EXPECT_NE(message_of(two, {img}).find("more image placeholder runs"), std::string::npos);
   // A missing file, a corrupt one, and an image for a model without a vision tower.
-  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, dir + "/nope.png", {}}}).find("no such file"),
+  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, dir + "/nope.png", {}, {}}}).find("no such file"),
             std::string::npos);
-  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, "", {'G', 'I', 'F', '8'}}}).find("image 1"),
+  EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, "", {'G', 'I', 'F', '8'}, {}}}).find("image 1"),
             std::string::npos);
   auto text_only = markbase::Engine::open({.model_path = mbtest::fixture("moe_like")});
   EXPECT_THROW(text_only->prompt_logits(std::vector<int32_t>{2, 5}, 0, {img}), markbase::Error);
@@ -228,7 +228,7 @@ TEST(MediaChat, PrefixCacheKeysImagesByContent) {
   auto greedy = [&](markbase::Engine& e, const std::string& image) {
     markbase::Request req;
     req.prompt_tokens = {2, 11, 12, 13, 500, 14, 15};
-    req.media = {{markbase::Media::Kind::Image, dir + "/" + image, {}}};
+    req.media = {{markbase::Media::Kind::Image, dir + "/" + image, {}, {}}};
     req.max_new_tokens = 6;
     req.stop_at_eos = false;
     return e.generate(req).tokens;

@@ -82,25 +82,31 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     const VideoFrames v = item.frames.empty() ? decode_video(item.bytes, item.what, pick)
                                               : decode_video_frames(item.frames, item.what, pick);
     MediaEncoding e;
+    const std::vector<std::vector<float>> soft = encode_frames(v.frames, cfg.frame, item.what);
     for (size_t f = 0; f < v.frames.size(); ++f) {
-      std::vector<float> soft = encode_frame(v.frames[f], cfg.frame, item.what);
-      e.blocks.push_back({int64_t(soft.size()) / hidden_, gemma4_vision::frame_timestamp(v.indices[f], v.fps)});
-      e.soft.insert(e.soft.end(), soft.begin(), soft.end());
+      e.blocks.push_back({int64_t(soft[f].size()) / hidden_, gemma4_vision::frame_timestamp(v.indices[f], v.fps)});
+      e.soft.insert(e.soft.end(), soft[f].begin(), soft[f].end());
     }
     return e;
   }
 
-  std::vector<float> encode_frame(const RgbImage& img, gemma4_vision::ImageProcessorConfig frame_cfg,
-                                  const std::string& what) {
+  // Each frame's soft tokens; the ViT takes the frames in batches of up to kMaxBatchPatches patches.
+  std::vector<std::vector<float>> encode_frames(const std::vector<RgbImage>& frames,
+                                                gemma4_vision::ImageProcessorConfig frame_cfg, const std::string& what) {
+    constexpr size_t kMaxBatchPatches = 16384;
+    std::vector<std::vector<float>> out;
     if (unified_) {
       MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read video ({})",
                ck_->path, what);
       const gemma4_vision::ImageProcessorConfig icfg = unified_image_config();
       frame_cfg.patch_size = icfg.patch_size;
       frame_cfg.pooling_kernel_size = icfg.pooling_kernel_size;
-      const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
-          gemma4_vision::preprocess_image(img, frame_cfg), frame_cfg.pooling_kernel_size);
-      return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
+      for (const RgbImage& img : frames) {
+        const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
+            gemma4_vision::preprocess_image(img, frame_cfg), frame_cfg.pooling_kernel_size);
+        out.push_back(unified_->encode_image(p.pixels, p.pos_x, p.pos_y));
+      }
+      return out;
     }
     open_vision(what);
     if (!processor_.contains("video_processor")) {  // no video settings: the image path's geometry
@@ -112,8 +118,23 @@ class Gemma4MediaEncoder final : public MediaEncoder {
              "{}: processor_config.json's video patch size {} and pooling {} differ from the vision tower's {} and {}",
              ck_->path, frame_cfg.patch_size, frame_cfg.pooling_kernel_size, vision_->config().patch_size,
              vision_->config().pooling_kernel);
-    const gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, frame_cfg);
-    return vision_->encode(p.pixels, p.pos_x, p.pos_y);
+    std::vector<gemma4_vision::ImagePatches> patches;
+    size_t rows = 0;
+    auto flush = [&] {
+      std::vector<gemma4_vision::VisionEncoder::Patches> batch;
+      for (const auto& p : patches) batch.push_back({p.pixels, p.pos_x, p.pos_y});
+      for (auto& soft : vision_->encode_batch(batch)) out.push_back(std::move(soft));
+      patches.clear();
+      rows = 0;
+    };
+    for (const RgbImage& img : frames) {
+      gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, frame_cfg);
+      if (!patches.empty() && rows + size_t(p.n_patches) > kMaxBatchPatches) flush();
+      rows += size_t(p.n_patches);
+      patches.push_back(std::move(p));
+    }
+    if (!patches.empty()) flush();
+    return out;
   }
 
   void open_vision(const std::string& what) {

@@ -120,36 +120,65 @@ VisionEncoder::~VisionEncoder() = default;
 
 std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::span<const int32_t> pos_x,
                                          std::span<const int32_t> pos_y) {
-  const int64_t n = int64_t(pos_x.size()), D = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.heads,
-                nkv = cfg_.kv_heads, F = cfg_.ffn, k = cfg_.pooling_kernel, H = cfg_.text_hidden;
+  const Patches one{pixels, pos_x, pos_y};
+  return std::move(encode_batch(std::span<const Patches>(&one, 1))[0]);
+}
+
+std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patches> images) {
+  const int64_t D = cfg_.hidden, hd = cfg_.head_dim, nh = cfg_.heads, nkv = cfg_.kv_heads, F = cfg_.ffn,
+                k = cfg_.pooling_kernel, H = cfg_.text_hidden;
   const int64_t P = int64_t(cfg_.patch_size) * cfg_.patch_size * 3;
-  MB_CHECK(n > 0 && pos_y.size() == size_t(n) && pixels.size() == size_t(n * P),
-           "vision encoder: {} pixel values for {} patches of {} (and {} y positions)", pixels.size(), n, P,
-           pos_y.size());
-  int32_t grid_w = 0, grid_h = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    MB_CHECK(pos_x[size_t(i)] >= 0 && pos_y[size_t(i)] >= 0 && pos_x[size_t(i)] < cfg_.position_table &&
-                 pos_y[size_t(i)] < cfg_.position_table,
-             "vision encoder: patch {} at ({}, {}) is outside the {}-entry position table", i, pos_x[size_t(i)],
-             pos_y[size_t(i)], cfg_.position_table);
-    grid_w = std::max(grid_w, pos_x[size_t(i)] + 1);
-    grid_h = std::max(grid_h, pos_y[size_t(i)] + 1);
+  MB_CHECK(!images.empty(), "vision encoder: no images");
+  // Rows of image i: [begin[i], begin[i] + count[i]) of the stacked patches.
+  const size_t B = images.size();
+  std::vector<int64_t> begin(B), count(B), grid_w(B);
+  int64_t n = 0;
+  for (size_t b = 0; b < B; ++b) {
+    const Patches& im = images[b];
+    const int64_t ni = int64_t(im.pos_x.size());
+    MB_CHECK(ni > 0 && im.pos_y.size() == size_t(ni) && im.pixels.size() == size_t(ni * P),
+             "vision encoder: {} pixel values for {} patches of {} (and {} y positions)", im.pixels.size(), ni, P,
+             im.pos_y.size());
+    int32_t gw = 0, gh = 0;
+    for (int64_t i = 0; i < ni; ++i) {
+      const int32_t x = im.pos_x[size_t(i)], y = im.pos_y[size_t(i)];
+      MB_CHECK(x >= 0 && y >= 0 && x < cfg_.position_table && y < cfg_.position_table,
+               "vision encoder: patch {} at ({}, {}) is outside the {}-entry position table", i, x, y,
+               cfg_.position_table);
+      gw = std::max(gw, x + 1);
+      gh = std::max(gh, y + 1);
+    }
+    MB_CHECK(gw % k == 0 && gh % k == 0 && int64_t(gw) * gh == ni,
+             "vision encoder: a {}x{} patch grid with {} patches does not pool by {}", gw, gh, ni, k);
+    begin[b] = n;
+    count[b] = ni;
+    grid_w[b] = gw;
+    n += ni;
   }
-  MB_CHECK(grid_w % k == 0 && grid_h % k == 0 && int64_t(grid_w) * grid_h == n,
-           "vision encoder: a {}x{} patch grid with {} patches does not pool by {}", grid_w, grid_h, n, k);
+  std::vector<int32_t> all_x, all_y;
+  all_x.reserve(size_t(n));
+  all_y.reserve(size_t(n));
+  for (const Patches& im : images) {
+    all_x.insert(all_x.end(), im.pos_x.begin(), im.pos_x.end());
+    all_y.insert(all_y.end(), im.pos_y.begin(), im.pos_y.end());
+  }
 
   // Patch embedding: (2·pixel - 1) · Wᵀ plus the x and y rows of the position table.
-  std::vector<float> centred(pixels.size());
-  for (size_t i = 0; i < pixels.size(); ++i) centred[i] = 2.f * (pixels[i] - 0.5f);
+  std::vector<float> centred(size_t(n * P));
+  {
+    float* dst = centred.data();
+    for (const Patches& im : images)
+      for (float v : im.pixels) *dst++ = 2.f * (v - 0.5f);
+  }
   Tensor px = be_.scratch(DType::F32, {n, P});
   be_.upload(centred.data(), px);
   Tensor h = be_.scratch(DType::F32, {n, D});
   be_.matmul(px, w_->patch_proj, h);
   px = Tensor();
-  std::vector<int32_t> ids_x(pos_x.begin(), pos_x.end()), ids_y(pos_y.begin(), pos_y.end());
+  std::vector<int32_t> ids_y = all_y;
   for (int32_t& y : ids_y) y += cfg_.position_table;  // the y table follows the x table
   Tensor ex = be_.scratch(DType::F32, {n, D}), ey = be_.scratch(DType::F32, {n, D});
-  be_.embed(w_->pos_table, ids_x.data(), n, 1.f, ex);
+  be_.embed(w_->pos_table, all_x.data(), n, 1.f, ex);
   be_.embed(w_->pos_table, ids_y.data(), n, 1.f, ey);
   be_.add(ex, ey, ex);
   be_.add(h, ex, h);
@@ -160,22 +189,30 @@ std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::spa
   std::vector<int32_t> q_pos(size_t(n * nh * 2)), k_pos(size_t(n * nkv * 2));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < nh; ++j) {
-      q_pos[size_t((t * nh + j) * 2)] = pos_x[size_t(t)];
-      q_pos[size_t((t * nh + j) * 2 + 1)] = pos_y[size_t(t)];
+      q_pos[size_t((t * nh + j) * 2)] = all_x[size_t(t)];
+      q_pos[size_t((t * nh + j) * 2 + 1)] = all_y[size_t(t)];
     }
     for (int64_t j = 0; j < nkv; ++j) {
-      k_pos[size_t((t * nkv + j) * 2)] = pos_x[size_t(t)];
-      k_pos[size_t((t * nkv + j) * 2 + 1)] = pos_y[size_t(t)];
+      k_pos[size_t((t * nkv + j) * 2)] = all_x[size_t(t)];
+      k_pos[size_t((t * nkv + j) * 2 + 1)] = all_y[size_t(t)];
     }
   }
-  // Bidirectional attention over the image through the causal op: every key sits at a position
-  // 0..n-1 of a store of n rows, and every query at n-1 sees all of them.
-  std::vector<int32_t> key_slots(static_cast<size_t>(n)), query_last(static_cast<size_t>(n), int32_t(n - 1));
-  for (int64_t i = 0; i < n; ++i) key_slots[size_t(i)] = int32_t(i);
-  KVStore kv;
-  kv.k = be_.alloc(be_.kv_dtype(), {n, nkv, hd});
-  kv.v = be_.alloc(be_.kv_dtype(), {n, nkv, hd});
-  kv.capacity = n;
+  // Bidirectional attention over each image through the causal op: image i's keys sit at positions
+  // 0..n_i-1 of its own store, and each of its queries, placed at n_i-1, sees all of them.
+  std::vector<int32_t> key_slots(static_cast<size_t>(n)), query_last(static_cast<size_t>(n));
+  std::vector<KVStore> stores(B);
+  std::vector<Backend::AttentionSeq> writes(B), reads(B);
+  for (size_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < count[b]; ++i) {
+      key_slots[size_t(begin[b] + i)] = int32_t(i);
+      query_last[size_t(begin[b] + i)] = int32_t(count[b] - 1);
+    }
+    stores[b].k = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
+    stores[b].v = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
+    stores[b].capacity = count[b];
+    writes[b] = {&stores[b], begin[b], count[b], key_slots.data() + begin[b]};
+    reads[b] = {&stores[b], begin[b], count[b], query_last.data() + begin[b]};
+  }
   AttentionParams ap;  // scale 1: the q/k norms set the logits' size
   ap.scale = 1.f;
 
@@ -195,10 +232,10 @@ std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::spa
     Tensor q_halves = q.reshaped({n * nh * 2, 1, hd / 2}), k_halves = kk.reshaped({n * nkv * 2, 1, hd / 2});
     be_.rope(q_halves, q_pos.data(), w_->inv_freq.data());
     be_.rope(k_halves, k_pos.data(), w_->inv_freq.data());
-    be_.kv_write(kv, kk, v, key_slots.data());
+    be_.kv_write_batch(kk, v, writes);
     kk = v = Tensor();
     Tensor att = be_.scratch(DType::F32, {n, nh, hd});
-    be_.attention(q, kv, query_last.data(), ap, att);
+    be_.attention_batch(q, reads, ap, att);
     q = Tensor();
     Tensor o = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, att.reshaped({n, nh * hd}), L.o, o);
@@ -219,20 +256,30 @@ std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::spa
     g = Tensor();
     be_.add_rms_norm(h, m, &L.post_ffn_norm, cfg_.eps, false);
   }
+  stores.clear();
 
-  // k x k average pooling in raster order of the pooled grid, in f32 with weights f32(1/k²) as
-  // transformers' one-hot matmul does; then × sqrt(D) and, on the large encoders, standardised.
+  // k x k average pooling in raster order of each image's pooled grid, in f32 with weights f32(1/k²)
+  // as transformers' one-hot matmul does; then × sqrt(D) and, on the large encoders, standardised.
   std::vector<float> hidden(size_t(n * D));
   be_.to_host(h, hidden.data());
   h = Tensor();
-  const int64_t pooled_w = grid_w / k, m = n / (k * k);
   const float inv_k2 = 1.f / float(k * k), root_d = float(std::sqrt(double(D)));
+  std::vector<int64_t> pooled_begin(B);
+  int64_t m = 0;
+  for (size_t b = 0; b < B; ++b) {
+    pooled_begin[b] = m;
+    m += count[b] / (k * k);
+  }
   std::vector<float> pooled(size_t(m * D), 0.f);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t slot = pos_x[size_t(t)] / k + pooled_w * (pos_y[size_t(t)] / k);
-    float* dst = pooled.data() + slot * D;
-    const float* src = hidden.data() + t * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] += src[d] * inv_k2;
+  for (size_t b = 0; b < B; ++b) {
+    const int64_t pooled_w = grid_w[b] / k;
+    for (int64_t i = 0; i < count[b]; ++i) {
+      const int64_t t = begin[b] + i;
+      const int64_t slot = pooled_begin[b] + all_x[size_t(t)] / k + pooled_w * (all_y[size_t(t)] / k);
+      float* dst = pooled.data() + slot * D;
+      const float* src = hidden.data() + t * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] += src[d] * inv_k2;
+    }
   }
   for (int64_t s = 0; s < m; ++s)
     for (int64_t d = 0; d < D; ++d) {
@@ -252,8 +299,13 @@ std::vector<float> VisionEncoder::encode(std::span<const float> pixels, std::spa
   be_.rms_norm(s, nullptr, cfg_.eps, false, s);
   Tensor soft = be_.scratch(DType::F32, {m, H});
   be_.matmul(s, w_->projector, soft);
-  std::vector<float> out(size_t(m * H));
-  be_.to_host(soft, out.data());
+  std::vector<float> all(size_t(m * H));
+  be_.to_host(soft, all.data());
+  std::vector<std::vector<float>> out(B);
+  for (size_t b = 0; b < B; ++b) {
+    const int64_t rows = count[b] / (k * k);
+    out[b].assign(all.begin() + pooled_begin[b] * H, all.begin() + (pooled_begin[b] + rows) * H);
+  }
   return out;
 }
 

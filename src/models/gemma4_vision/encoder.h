@@ -36,11 +36,19 @@ class VisionEncoder {
   ~VisionEncoder();
   const VisionConfig& config() const { return cfg_; }
 
-  // Soft tokens [n / k², text_hidden] (k the pooling kernel) of one image's n real patches:
-  // pixels [n, patch² · 3] in [0, 1], (pos_x, pos_y) each patch's column and row on the patch grid,
-  // whose sides are multiples of k. Raster order of the pooled grid.
+  // One image's n real patches: pixels [n, patch² · 3] in [0, 1], (pos_x, pos_y) each patch's column
+  // and row on the patch grid, whose sides are multiples of the pooling kernel k.
+  struct Patches {
+    std::span<const float> pixels;
+    std::span<const int32_t> pos_x, pos_y;
+  };
+
+  // Soft tokens [n / k², text_hidden] of one image, in raster order of the pooled grid.
   std::vector<float> encode(std::span<const float> pixels, std::span<const int32_t> pos_x,
                             std::span<const int32_t> pos_y);
+  // The same for several images (a video's frames) in one pass: their patches are stacked, so each
+  // matmul runs over all of them, and each image attends over its own keys only.
+  std::vector<std::vector<float>> encode_batch(std::span<const Patches> images);
 
  private:
   struct Weights;
