@@ -499,6 +499,22 @@ TEST(CudaMedia, PromptsWithImagesAndAudioMatchCpu) {
                   p["logits_file"].get<std::string>().c_str(), rel);
       EXPECT_LT(rel, kLogitTol) << name << " " << p["logits_file"];
     }
+    // A video given as a folder of frames (no libavformat needed): the frames go through the vision tower
+    // in one batch, each its own block.
+    const auto vref = mbtest::read_json(dir + "/video_reference.json");
+    for (const auto& p : vref["prompts"]) {
+      const std::string file = vref["videos"][p["video"].get<size_t>()]["file"].get<std::string>();
+      if (file != "frames") continue;
+      const std::vector<markbase::Media> media = {
+          {markbase::Media::Kind::Video, mbtest::fixture("videos") + "/" + file, {}, {}}};
+      const auto tokens = p["tokens"].get<std::vector<int32_t>>();
+      const auto c = cpu->prompt_logits(tokens, 0, media), g = gpu->prompt_logits(tokens, 0, media);
+      ASSERT_EQ(c.size(), g.size());
+      for (float v : g) ASSERT_FALSE(std::isnan(v));
+      const double rel = relative_error(g, c);
+      std::printf("[ cuda-model ] %s video %s: prompt logits max|CUDA - CPU| / range = %.3g\n", name, file.c_str(), rel);
+      EXPECT_LT(rel, kLogitTol) << name << " video " << file;
+    }
   }
 }
 
