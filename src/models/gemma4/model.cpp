@@ -324,6 +324,13 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
              e.row, e.row + e.count, n);
   const StepInputs in = step_inputs(batch, kv, cfg_, be_);
   be_.stage(in.arrays);
+  // The staged arrays die with this call: unstage them on the way out, or a later op's host array
+  // that the allocator puts at one of their addresses (a media encoder's positions) would read this
+  // step's staged copy instead of its own data.
+  struct Unstage {
+    Backend& be;
+    ~Unstage() { be.stage({}); }
+  } unstage{be_};
   MB_CHECK(batch.last_keys.empty() || batch.last_keys.size() == size_t(n), "forward: {} last keys for {} tokens",
            batch.last_keys.size(), n);
   // Steps with given embeddings are prompt steps: never recorded (the rows' data is not staged).
