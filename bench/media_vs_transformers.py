@@ -18,6 +18,7 @@ so MarkBase's figure is the larger share of work). Inputs: a 1024x768 photo-like
 tokens, 2520 patches) and 30 s of 16 kHz speech-like audio (750 soft tokens).
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -81,9 +82,15 @@ def main():
     model = model.to(getattr(torch, args.dtype))
     model.config._attn_implementation = "sdpa"
     model.save_pretrained(work, safe_serialization=True)
+    # As Google's configs write it: global_head_dim (llama.cpp's converter needs it).
+    mm.rewrite_release_style(os.path.join(work, "config.json"), cfg.text_config)
+    with open(os.path.join(work, "config.json")) as f:
+        saved = json.load(f)
+    saved["text_config"].setdefault("global_head_dim", saved["text_config"]["head_dim"])
+    with open(os.path.join(work, "config.json"), "w") as f:
+        json.dump(saved, f, indent=2)
     improc = Gemma4ImageProcessor()
     fe = Gemma4AudioFeatureExtractor()
-    import json
     with open(os.path.join(work, "processor_config.json"), "w") as f:
         json.dump({"image_processor": improc.to_dict(), "feature_extractor": fe.to_dict()}, f,
                   default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))

@@ -71,7 +71,8 @@ class Backend {
   // Copies a step's host arrays to the backend's memory in one transfer; until the next call, an
   // op given a pointer into one of them (ids, positions, page tables) reads that copy. Host-memory
   // backends have nothing to do. A pointer an op gets that was not staged is still valid input,
-  // copied on its own (slower; never while recording).
+  // copied on its own (slower; never while recording). Call stage({}) before the arrays are freed:
+  // a staged range is matched by address, so new data at an old address would read the old copy.
   virtual void stage(const std::vector<HostArray>& arrays) {}
 
   // Recorded steps (CUDA graphs): a decode step's ops are recorded once under a key that fixes
