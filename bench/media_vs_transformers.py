@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """Image and audio encoding speed, MarkBase against transformers 5.17.0 on the same CPU (same threads) or
-the same GPU (--device cuda), and the same full-size encoders (E4B's: the 16-layer 768-wide ViT, the 12-layer 1024-wide
-conformer) with random f32 weights in front of a one-layer language model of E4B's width.
+the same GPU (--device cuda), and the same full-size encoders (E4B's: the 16-layer 768-wide ViT, the
+12-layer 1024-wide conformer) with random weights (--dtype, bf16 by default) in front of a two-layer
+language model of E4B's width (one sliding, one full layer).
 
     python3 bench/media_vs_transformers.py [--threads N] [--reps 3] [--markbase build/bin/markbase] [--device cuda]
                                            [--llama-cpp /tmp/markbase-peer]
 
 --llama-cpp DIR (made by `PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR`) adds llama.cpp's mtmd encoders: its
 converter writes the same checkpoint as a text GGUF and an mmproj GGUF (f16, as its mmproj files ship), and
-`llama-mtmd-cli` reports each slice's encode time ("... slice encoded in N ms": the encoder alone, after its own
-preprocessing), median of --reps runs.
+`llama-mtmd-cli` reports the encode time ("mtmd batch encoding done in N ms", or per slice in other versions: the
+encoder alone, after its own preprocessing), median of --reps runs.
 
 Measured per item, median of --reps: transformers' processor + get_image_features / get_audio_features
 (torch.inference_mode, torch.set_num_threads(N)), and MarkBase's time to the first token of
-`markbase generate --image/--audio` (decoding, preprocessing, encoding and the one-layer prefill,
+`markbase generate --image/--audio` (decoding, preprocessing, encoding and the two-layer prefill,
 so MarkBase's figure is the larger share of work). Inputs: a 1024x768 photo-like PNG (280 soft
 tokens, 2520 patches) and 30 s of 16 kHz speech-like audio (750 soft tokens).
 """
@@ -42,9 +43,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
 def e4b_encoders_config():
-    text = dict(mm.mf.COMMON_TEXT, hidden_size=2560, intermediate_size=256, num_hidden_layers=1,
-                num_attention_heads=8, num_key_value_heads=2, head_dim=64, global_head_dim=64,
-                layer_types=["full_attention"], hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+    text = dict(mm.mf.COMMON_TEXT, hidden_size=2560, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0, num_kv_shared_layers=0,
                 enable_moe_block=False, sliding_window=512, max_position_embeddings=131072)
     vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12,
                   num_key_value_heads=12, head_dim=64, patch_size=16, pooling_kernel_size=3,
@@ -184,10 +185,12 @@ def llama_cpp_mtmd(args, work):
         kind = "image" if flag == "--image" else "audio"
         times = []
         for _ in range(args.reps):
-            r = subprocess.run([cli, "-m", text, "--mmproj", proj, flag, path, "-p", "x", "-n", "1",
+            r = subprocess.run([cli, "-m", text, "--mmproj", proj, flag, path, "-p", "x", "-n", "1", "--jinja",
                                 "-t", str(args.threads)] + ([] if args.device == "cuda" else ["-ngl", "0"]),
                                capture_output=True, text=True)
-            ms = [float(m) for m in re.findall(rf"{kind} slice encoded in (\d+) ms", r.stderr + r.stdout)]
+            log = r.stderr + r.stdout
+            ms = [float(m) for m in re.findall(rf"{kind} slice encoded in (\d+) ms", log)]
+            ms = ms or [float(m) for m in re.findall(r"mtmd batch encoding done in (\d+) ms", log)]
             if r.returncode != 0 or not ms:
                 print(f"llama-mtmd-cli {flag} failed:\n{(r.stderr + r.stdout)[-2000:]}", file=sys.stderr)
                 return None
