@@ -179,11 +179,7 @@ def fixture(name, chat_text=None):
         indices = [int(i) for i in vmeta.frames_indices]
         stamps = [f"{int(t // 60):02d}:{int(t % 60):02d}" for t in vmeta.timestamps]
         with torch.no_grad():
-            if unified:
-                soft = model.model.get_video_features(pv, pos, return_dict=True).pooler_output
-            else:
-                soft = model.model.get_video_features(pv, pos, return_dict=True).pooler_output
-        soft = torch.cat(list(soft), 0)
+            soft = torch.cat(list(model.model.get_video_features(pv, pos, return_dict=True).pooler_output), 0)
         assert soft.shape[0] == n_soft * len(indices), (soft.shape, n_soft, len(indices))
         soft_file = f"video_soft_{v_i}.bin"
         save_f32(os.path.join(out, soft_file), soft.numpy())
