@@ -42,6 +42,12 @@ class MediaEncoder {
   virtual int hidden_size() const = 0;  // width of a soft token (the language model's)
   // Throws mb::Error naming item.what for unreadable media and for a kind this model does not read.
   virtual MediaEncoding encode(const MediaItem& item) = 0;
+  // Several items (a request's), in order; an encoder may run them through its towers together.
+  virtual std::vector<MediaEncoding> encode_batch(const std::vector<const MediaItem*>& items) {
+    std::vector<MediaEncoding> out;
+    for (const MediaItem* it : items) out.push_back(encode(*it));
+    return out;
+  }
 };
 
 }  // namespace mb

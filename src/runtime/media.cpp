@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/error.h"
 #include "models/architecture.h"
@@ -55,17 +56,42 @@ MediaEncoder& PromptMedia::encoder() {
   return *encoder_;
 }
 
-PromptMedia::Encoded PromptMedia::encode(const MediaItem& item) {
-  MB_CHECK(!item.bytes.empty() || !item.frames.empty(), "{}: the file is empty", item.what);
-  const uint64_t hash = media_hash(item);
-  for (auto it = recent_.begin(); it != recent_.end(); ++it)
-    if (it->hash == hash) {
-      recent_.splice(recent_.begin(), recent_, it);
-      return recent_.front();
-    }
-  MediaEncoder& enc = encoder();
-  const MediaEncoding m = enc.encode(item);
-  const int64_t width = enc.hidden_size();
+std::vector<PromptMedia::Encoded> PromptMedia::encode(const std::vector<MediaItem>& items) {
+  std::vector<Encoded> out(items.size());
+  std::vector<uint64_t> hashes(items.size());
+  std::vector<const MediaItem*> todo;
+  std::vector<size_t> todo_at, same_as(items.size(), SIZE_MAX);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const MediaItem& item = items[i];
+    MB_CHECK(!item.bytes.empty() || !item.frames.empty(), "{}: the file is empty", item.what);
+    hashes[i] = media_hash(item);
+    bool kept = false;
+    for (auto it = recent_.begin(); it != recent_.end(); ++it)
+      if (it->hash == hashes[i]) {
+        recent_.splice(recent_.begin(), recent_, it);
+        out[i] = recent_.front();
+        kept = true;
+        break;
+      }
+    if (kept) continue;
+    for (size_t j : todo_at)
+      if (hashes[j] == hashes[i]) same_as[i] = j;  // the same file twice in one request: encoded once
+    if (same_as[i] != SIZE_MAX) continue;
+    todo.push_back(&item);
+    todo_at.push_back(i);
+  }
+  if (!todo.empty()) {
+    const std::vector<MediaEncoding> m = encoder().encode_batch(todo);
+    MB_CHECK(m.size() == todo.size(), "the media encoder gave {} results for {} items", m.size(), todo.size());
+    for (size_t k = 0; k < todo.size(); ++k) out[todo_at[k]] = keep(hashes[todo_at[k]], m[k], *todo[k]);
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    if (same_as[i] != SIZE_MAX) out[i] = out[same_as[i]];
+  return out;
+}
+
+PromptMedia::Encoded PromptMedia::keep(uint64_t hash, const MediaEncoding& m, const MediaItem& item) {
+  const int64_t width = encoder().hidden_size();
   int64_t total = 0;
   for (const MediaEncoding::Block& b : m.blocks) {
     MB_CHECK(b.tokens > 0, "{}: the encoder gave an empty block", item.what);
@@ -98,8 +124,7 @@ std::vector<MediaSpan> PromptMedia::place(std::vector<int32_t>& prompt, const st
   if (items.empty()) return spans;
   std::lock_guard<std::mutex> lock(mu_);
   const MediaTokenIds ids = encoder().token_ids();
-  std::vector<Encoded> encoded;
-  for (const MediaItem& it : items) encoded.push_back(encode(it));
+  const std::vector<Encoded> encoded = encode(items);
 
   struct KindIds {
     MediaItem::Kind kind;

@@ -53,7 +53,9 @@ class PromptMedia {
     std::vector<Block> blocks;
     size_t floats = 0;
   };
-  Encoded encode(const MediaItem& item);
+  // The items' encodings: from the kept ones by hash, the rest encoded together (encode_batch).
+  std::vector<Encoded> encode(const std::vector<MediaItem>& items);
+  Encoded keep(uint64_t hash, const MediaEncoding& m, const MediaItem& item);
   MediaEncoder& encoder();
 
   std::string path_;

@@ -61,16 +61,52 @@ class Gemma4MediaEncoder final : public MediaEncoder {
   const MediaTokenIds& token_ids() const override { return ids_; }
   int hidden_size() const override { return hidden_; }
 
-  MediaEncoding encode(const MediaItem& item) override {
+  MediaEncoding encode(const MediaItem& item) override { return std::move(encode_batch({&item})[0]); }
+
+  // The images that go through the ViT run in batches (stacked patches); the rest one by one.
+  std::vector<MediaEncoding> encode_batch(const std::vector<const MediaItem*>& items) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (item.kind == MediaItem::Kind::Video) return encode_video(item);
-    MediaEncoding e;
-    e.soft = item.kind == MediaItem::Kind::Image ? encode_image(item) : encode_audio(item);
-    e.blocks.push_back({int64_t(e.soft.size()) / hidden_, ""});
-    return e;
+    std::vector<MediaEncoding> out(items.size());
+    std::vector<size_t> tower_images;
+    std::vector<gemma4_vision::ImagePatches> patches;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const MediaItem& item = *items[i];
+      if (item.kind == MediaItem::Kind::Image && !unified_) {
+        open_vision(item.what);
+        patches.push_back(gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), image_cfg_));
+        tower_images.push_back(i);
+      } else if (item.kind == MediaItem::Kind::Video) {
+        out[i] = encode_video(item);
+      } else {
+        out[i].soft = item.kind == MediaItem::Kind::Image ? encode_unified_image(item) : encode_audio(item);
+      }
+    }
+    if (!patches.empty()) {
+      std::vector<std::vector<float>> soft = encode_on_tower(std::move(patches));
+      for (size_t k = 0; k < tower_images.size(); ++k) out[tower_images[k]].soft = std::move(soft[k]);
+    }
+    for (MediaEncoding& e : out)
+      if (e.blocks.empty()) e.blocks.push_back({int64_t(e.soft.size()) / hidden_, ""});
+    return out;
   }
 
  private:
+  // Soft tokens of each image's patches through the ViT, in batches of up to kMaxBatchPatches patches.
+  std::vector<std::vector<float>> encode_on_tower(std::vector<gemma4_vision::ImagePatches> patches) {
+    constexpr size_t kMaxBatchPatches = 16384;
+    std::vector<std::vector<float>> out;
+    for (size_t b = 0; b < patches.size();) {
+      std::vector<gemma4_vision::VisionEncoder::Patches> batch;
+      size_t rows = 0;
+      for (; b < patches.size() && (batch.empty() || rows + size_t(patches[b].n_patches) <= kMaxBatchPatches); ++b) {
+        rows += size_t(patches[b].n_patches);
+        batch.push_back({patches[b].pixels, patches[b].pos_x, patches[b].pos_y});
+      }
+      for (auto& soft : vision_->encode_batch(batch)) out.push_back(std::move(soft));
+    }
+    return out;
+  }
+
   // Gemma4VideoProcessor + Gemma4Processor.replace_video_token: frames sampled uniformly, each through the
   // image path (its own budget, division rescale) and the vision tower alone; a block per frame, labelled
   // with its timestamp.
@@ -90,10 +126,9 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     return e;
   }
 
-  // Each frame's soft tokens; the ViT takes the frames in batches of up to kMaxBatchPatches patches.
+  // Each frame's soft tokens (through the ViT in batches).
   std::vector<std::vector<float>> encode_frames(const std::vector<RgbImage>& frames,
                                                 gemma4_vision::ImageProcessorConfig frame_cfg, const std::string& what) {
-    constexpr size_t kMaxBatchPatches = 16384;
     std::vector<std::vector<float>> out;
     if (unified_) {
       MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read video ({})",
@@ -119,22 +154,8 @@ class Gemma4MediaEncoder final : public MediaEncoder {
              ck_->path, frame_cfg.patch_size, frame_cfg.pooling_kernel_size, vision_->config().patch_size,
              vision_->config().pooling_kernel);
     std::vector<gemma4_vision::ImagePatches> patches;
-    size_t rows = 0;
-    auto flush = [&] {
-      std::vector<gemma4_vision::VisionEncoder::Patches> batch;
-      for (const auto& p : patches) batch.push_back({p.pixels, p.pos_x, p.pos_y});
-      for (auto& soft : vision_->encode_batch(batch)) out.push_back(std::move(soft));
-      patches.clear();
-      rows = 0;
-    };
-    for (const RgbImage& img : frames) {
-      gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, frame_cfg);
-      if (!patches.empty() && rows + size_t(p.n_patches) > kMaxBatchPatches) flush();
-      rows += size_t(p.n_patches);
-      patches.push_back(std::move(p));
-    }
-    if (!patches.empty()) flush();
-    return out;
+    for (const RgbImage& img : frames) patches.push_back(gemma4_vision::preprocess_image(img, frame_cfg));
+    return encode_on_tower(std::move(patches));
   }
 
   void open_vision(const std::string& what) {
@@ -154,19 +175,14 @@ class Gemma4MediaEncoder final : public MediaEncoder {
              vision_->config().pooling_kernel);
   }
 
-  std::vector<float> encode_image(const MediaItem& item) {
-    if (unified_) {
-      MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read images ({})",
-               ck_->path, item.what);
-      const gemma4_vision::ImageProcessorConfig cfg = unified_image_config();
-      const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
-          gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), cfg), cfg.pooling_kernel_size);
-      return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
-    }
-    open_vision(item.what);
-    const RgbImage img = decode_image(item.bytes, item.what);
-    const gemma4_vision::ImagePatches p = gemma4_vision::preprocess_image(img, image_cfg_);
-    return vision_->encode(p.pixels, p.pos_x, p.pos_y);
+  // The 12B unified model's image: merged patches through its embedder (no tower).
+  std::vector<float> encode_unified_image(const MediaItem& item) {
+    MB_CHECK(unified_->has_vision(), "{}: this model has no vision embedder, so it cannot read images ({})",
+             ck_->path, item.what);
+    const gemma4_vision::ImageProcessorConfig cfg = unified_image_config();
+    const gemma4_vision::ImagePatches p = gemma4_vision::merge_patches_unified(
+        gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), cfg), cfg.pooling_kernel_size);
+    return unified_->encode_image(p.pixels, p.pos_x, p.pos_y);
   }
 
   std::vector<float> encode_audio(const MediaItem& item) {
