@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "backends/backend.h"
 #include "core/error.h"
@@ -218,6 +219,34 @@ TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
             std::string::npos);
   auto text_only = markbase::Engine::open({.model_path = mbtest::fixture("moe_like")});
   EXPECT_THROW(text_only->prompt_logits(std::vector<int32_t>{2, 5}, 0, {img}), markbase::Error);
+}
+
+// The same image twice in one request: encoded once, placed twice; the same logits as its bytes given twice under
+// other names (the same content hash) in a fresh engine.
+TEST(MediaChat, TheSameImageTwiceInOneRequest) {
+  const std::string dir = mbtest::fixture("mm_large_like");
+  const std::string path = dir + "/image_0.png";
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const int64_t n = mbtest::read_json(dir + "/reference.json")["images"][0]["soft_tokens"].get<int64_t>();
+  std::vector<int32_t> tokens = {2, 11};
+  for (int32_t next : {12, 13}) {
+    tokens.push_back(498);
+    tokens.insert(tokens.end(), size_t(n), 500);
+    tokens.insert(tokens.end(), {499, next});
+  }
+  auto engine = markbase::Engine::open({.model_path = dir});
+  const auto twice = engine->prompt_logits(tokens, 0, {{markbase::Media::Kind::Image, path, {}, {}},
+                                                       {markbase::Media::Kind::Image, path, {}, {}}});
+  auto fresh = markbase::Engine::open({.model_path = dir});
+  const auto copies = fresh->prompt_logits(tokens, 0, {{markbase::Media::Kind::Image, "", bytes, {}},
+                                                       {markbase::Media::Kind::Image, "copy.png", bytes, {}}});
+  ASSERT_EQ(twice.size(), copies.size());
+  for (size_t i = 0; i < twice.size(); ++i) ASSERT_FALSE(std::isnan(twice[i]));
+  EXPECT_EQ(twice, copies);
 }
 
 // The same placeholders with another image must not reuse the first image's cached KV.

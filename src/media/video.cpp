@@ -231,7 +231,7 @@ VideoFrames decode_video(std::span<const uint8_t> bytes, const std::string& what
   std::unique_ptr<AVFrame, void (*)(AVFrame*)> frame_guard(frame, [](AVFrame* f) { av_frame_free(&f); });
   MB_CHECK(pkt && frame, "{}: out of memory", what);
   int64_t n = 0;  // frames decoded so far
-  size_t next = 0;
+  size_t next = 0, kept_bytes = 0;
   auto drain = [&]() {
     for (;;) {
       const int err = avcodec_receive_frame(d.codec, frame);
@@ -239,6 +239,9 @@ VideoFrames decode_video(std::span<const uint8_t> bytes, const std::string& what
       MB_CHECK(err >= 0, "{}: corrupt video frame {} ({})", what, n, av_message(err));
       if (next < out.indices.size() && out.indices[next] == n) {
         out.frames.push_back(to_rgb(frame, what));
+        kept_bytes += out.frames.back().rgb.size();
+        MB_CHECK(kept_bytes <= kMaxVideoRgbBytes, "{}: {} frames of {}x{} are more than the {} GiB of pixels allowed",
+                 what, out.indices.size(), frame->width, frame->height, kMaxVideoRgbBytes >> 30);
         ++next;
       }
       ++n;
@@ -277,9 +280,13 @@ VideoFrames decode_video_frames(const std::vector<std::vector<uint8_t>>& images,
   out.total_frames = int64_t(images.size());
   out.indices = pick(out.total_frames, 0.0);
   check_picks(out.indices, out.total_frames, what);
+  size_t kept_bytes = 0;
   for (int64_t i : out.indices) {
     out.frames.push_back(decode_image(images[size_t(i)], fmt::format("{} (frame {})", what, i)));
     const RgbImage& f = out.frames.back();
+    kept_bytes += f.rgb.size();
+    MB_CHECK(kept_bytes <= kMaxVideoRgbBytes, "{}: {} frames of {}x{} are more than the {} GiB of pixels allowed", what,
+             out.indices.size(), f.width, f.height, kMaxVideoRgbBytes >> 30);
     MB_CHECK(f.width == out.frames.front().width && f.height == out.frames.front().height,
              "{}: frame {} is {}x{} but the first is {}x{} (a video's frames share one size)", what, i, f.width,
              f.height, out.frames.front().width, out.frames.front().height);

@@ -5,6 +5,7 @@
 // average frame rate, frames are numbered in decode order and converted with `to_ndarray(format="rgb24")`,
 // i.e. swscale to RGB24 (alpha dropped) at the coded size.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -18,6 +19,7 @@ namespace mb {
 // Refused before decoding: longer streams, larger frames (each frame's size is also checked as decoded).
 inline constexpr int64_t kMaxVideoFrames = 1 << 20;
 inline constexpr int kMaxVideoFramesKept = 1024;
+inline constexpr size_t kMaxVideoRgbBytes = size_t(4) << 30;  // the kept frames' RGB, all together
 
 struct VideoFrames {
   std::vector<RgbImage> frames;   // the picked frames, in order
