@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <numbers>
 #include <thread>
 
@@ -17,6 +16,7 @@
 #include "core/splitmix64.h"
 #include "media/audio.h"
 #include "models/gemma4_audio/features.h"
+#include "media/file.h"
 #include "test_util.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -41,11 +41,6 @@ std::string audio_path(const std::string& name) { return mbtest::fixture("audio/
 const nlohmann::json& cases() {
   static const nlohmann::json c = mbtest::read_json(audio_path("cases.json"));
   return c;
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 float max_abs_diff(std::span<const float> a, std::span<const float> b) {
@@ -143,7 +138,7 @@ TEST(AudioDecode, LossyFilesMatchSoundfileClosely) {
 
 TEST(AudioDecode, MemoryAndFileGiveTheSameSamples) {
   for (const char* name : {"speech_48k.flac", "speech_44k1.mp3", "mono_8k_u8.wav"}) {
-    const std::vector<uint8_t> bytes = read_bytes(audio_path(name));
+    const std::vector<uint8_t> bytes = mb::read_media_file(audio_path(name));
     const mb::Waveform a = mb::decode_audio(bytes, name), b = mb::read_audio_file(audio_path(name));
     EXPECT_EQ(a.sample_rate, b.sample_rate);
     EXPECT_EQ(a.channels, b.channels);
@@ -205,7 +200,7 @@ TEST(AudioDecode, LengthLimitIsAnHour) {
 
 TEST(AudioDecode, ShortDataChunkDecodesWhatIsThere) {
   // libsndfile, like soundfile, reads the samples a cut-off file still has; a header cut short is an error (above).
-  std::vector<uint8_t> bytes = read_bytes(audio_path("speech_16k_s16.wav"));
+  std::vector<uint8_t> bytes = mb::read_media_file(audio_path("speech_16k_s16.wav"));
   const mb::Waveform whole = mb::decode_audio(bytes, "whole");
   bytes.resize(44 + 1000);
   const mb::Waveform cut = mb::decode_audio(bytes, "cut");
@@ -255,7 +250,7 @@ TEST(AudioDecode, CorruptedFilesNeverCrash) {
   int decoded = 0, refused = 0;
   for (const char* name : {"speech_16k_s16.wav", "stereo_44k1_f32.wav", "speech_48k.flac", "speech_22k05.ogg",
                            "speech_44k1.mp3", "tone_24k_s24.wav"}) {
-    const std::vector<uint8_t> original = read_bytes(audio_path(name));
+    const std::vector<uint8_t> original = mb::read_media_file(audio_path(name));
     for (int trial = 0; trial < 24; ++trial) {
       std::vector<uint8_t> bytes = original;
       if (trial % 3 == 0) bytes.resize(next() % bytes.size());

@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "core/error.h"
 #include "media/image.h"
 #include "models/gemma4_vision/preprocess.h"
+#include "media/file.h"
 #include "test_util.h"
 
 namespace {
@@ -27,11 +27,6 @@ std::string image_fixture(const std::string& name) { return mbtest::fixture("ima
 const nlohmann::json& cases() {
   static const nlohmann::json j = mbtest::read_json(image_fixture("cases.json"));
   return j;
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // The fixtures' fingerprint: sum_i v_i * (i * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) mod 2^64.
@@ -143,13 +138,13 @@ TEST(ImageDecode, RefusesHugeDimensionsBeforeAllocating) {
   };
   std::vector<std::pair<std::string, std::vector<uint8_t>>> forged;
   {
-    auto png = read_bytes(image_fixture("photo_97x61.png"));  // IHDR width, height at 16, 20
+    auto png = mb::read_media_file(image_fixture("photo_97x61.png"));  // IHDR width, height at 16, 20
     put_be32(png, 16, 100000);
     put_be32(png, 20, 100000);
     forged.emplace_back("png", png);
   }
   {
-    auto jpg = read_bytes(image_fixture("photo_131x89.jpg"));
+    auto jpg = mb::read_media_file(image_fixture("photo_131x89.jpg"));
     for (size_t i = 2; i + 9 < jpg.size(); ++i) {
       if (jpg[i] == 0xFF && jpg[i + 1] == 0xC0) {  // SOF0: length, precision, height, width
         jpg[i + 5] = 0xEA, jpg[i + 6] = 0x60, jpg[i + 7] = 0xEA, jpg[i + 8] = 0x60;  // 60000 x 60000
@@ -159,13 +154,13 @@ TEST(ImageDecode, RefusesHugeDimensionsBeforeAllocating) {
     forged.emplace_back("jpeg", jpg);
   }
   {
-    auto gif = read_bytes(image_fixture("anim_40x30.gif"));
+    auto gif = mb::read_media_file(image_fixture("anim_40x30.gif"));
     put_le(gif, 6, 60000, 2);
     put_le(gif, 8, 60000, 2);
     forged.emplace_back("gif", gif);
   }
   {
-    auto bmp = read_bytes(image_fixture("bmp_23x17.bmp"));  // BITMAPINFOHEADER width, height at 18, 22
+    auto bmp = mb::read_media_file(image_fixture("bmp_23x17.bmp"));  // BITMAPINFOHEADER width, height at 18, 22
     put_le(bmp, 18, 1000000, 4);
     put_le(bmp, 22, 1000000, 4);
     forged.emplace_back("bmp", bmp);
@@ -184,7 +179,7 @@ TEST(ImageDecode, SurvivesTruncatedAndCorruptedBytes) {
   int decoded = 0, refused = 0;
   for (const auto& c : cases()["decode"]) {
     if (!c["ok"].get<bool>()) continue;
-    const auto bytes = read_bytes(image_fixture(c["file"]));
+    const auto bytes = mb::read_media_file(image_fixture(c["file"]));
     for (int trial = 0; trial < 40; ++trial) {
       std::vector<uint8_t> b = bytes;
       if (trial < 16) {
@@ -209,7 +204,7 @@ TEST(ImageDecode, SurvivesTruncatedAndCorruptedBytes) {
 // Resize
 
 TEST(ImageResize, MatchesTorchvisionBitExactly) {
-  const auto blob = read_bytes(image_fixture(cases()["resize_cases"]["file"]));
+  const auto blob = mb::read_media_file(image_fixture(cases()["resize_cases"]["file"]));
   const int count = cases()["resize_cases"]["count"];
   size_t at = 0;
   for (int i = 0; i < count; ++i) {

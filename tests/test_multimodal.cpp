@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include "backends/backend.h"
 #include "core/error.h"
 #include "markbase/markbase.h"
+#include "media/file.h"
 #include "models/checkpoint.h"
 #include "models/gemma4_unified/embedders.h"
 #include "models/gemma4_vision/encoder.h"
@@ -226,11 +226,7 @@ TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
 TEST(MediaChat, TheSameImageTwiceInOneRequest) {
   const std::string dir = mbtest::fixture("mm_large_like");
   const std::string path = dir + "/image_0.png";
-  std::vector<uint8_t> bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const std::vector<uint8_t> bytes = mb::read_media_file(path);
   const int64_t n = mbtest::read_json(dir + "/reference.json")["images"][0]["soft_tokens"].get<int64_t>();
   std::vector<int32_t> tokens = {2, 11};
   for (int32_t next : {12, 13}) {

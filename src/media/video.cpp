@@ -93,6 +93,13 @@ struct Demuxer {
       av_free(buf);
       fail("{}: out of memory", what);
     }
+    open_format(what);
+    stream = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
+    MB_CHECK(stream >= 0, "{}: the file has no video stream", what);
+  }
+
+  // The container over `io`, read from its start.
+  void open_format(const std::string& what) {
     fmt = avformat_alloc_context();
     MB_CHECK(fmt != nullptr, "{}: out of memory", what);
     fmt->pb = io;
@@ -104,8 +111,6 @@ struct Demuxer {
     }
     err = avformat_find_stream_info(fmt, nullptr);
     MB_CHECK(err >= 0, "{}: corrupt or truncated video ({})", what, av_message(err));
-    stream = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
-    MB_CHECK(stream >= 0, "{}: the file has no video stream", what);
   }
 
   void open_decoder(const std::string& what) {
@@ -150,13 +155,7 @@ struct Demuxer {
       reader.pos = 0;
       avio_flush(io);
       avio_seek(io, 0, SEEK_SET);
-      fmt = avformat_alloc_context();
-      MB_CHECK(fmt != nullptr, "{}: out of memory", what);
-      fmt->pb = io;
-      fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
-      MB_CHECK(avformat_open_input(&fmt, nullptr, nullptr, nullptr) >= 0 &&
-                   avformat_find_stream_info(fmt, nullptr) >= 0,
-               "{}: the video could not be read a second time", what);
+      open_format(what);
     }
     return n;
   }
