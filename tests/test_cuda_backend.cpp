@@ -1106,6 +1106,33 @@ TEST_F(CudaOps, AttentionReadsOnlyTheRowsOfTheWindow) {
   }
 }
 
+// A staged array's reserve (device room for a table to grow into) is not its host memory: a host
+// array that lies past a staged array's bytes but within its reserve - here, in one buffer; in a
+// process, the next heap block - is the op's own data, not the staged copy's unwritten room.
+TEST_F(CudaOps, HostArraysPastAStagedArrayAreTheirOwn) {
+  std::mt19937 rng(9);
+  const int64_t n = 23, c = 64;
+  const auto src = randn(size_t(n * c), rng);
+  const Tensor sc = upload(cpu(), {n, c}, src), sg = upload(gpu(), {n, c}, src);
+  std::vector<int32_t> buf(64, 0);
+  const int32_t* staged = buf.data();                         // 4 ids, 256 bytes of reserve
+  for (int i = 0; i < 4; ++i) buf[size_t(i)] = i;
+  int32_t* own = buf.data() + 8;                              // 32 bytes past it: not staged
+  const int32_t rows[5] = {22, 7, 0, 13, 5};
+  std::copy(rows, rows + 5, own);
+  gpu().stage({{staged, 4 * sizeof(int32_t), 64 * sizeof(int32_t)}});
+  Unstage unstage(&gpu());
+  Tensor oc = poisoned(cpu(), {5, c}), og = poisoned(gpu(), {5, c});
+  cpu().gather_rows(sc, own, 5, oc);
+  gpu().gather_rows(sg, own, 5, og);
+  check("gather_rows with ids past a staged array", download(cpu(), oc), download(gpu(), og), 0);
+  // And the staged array itself still reads its staged copy.
+  Tensor oc2 = poisoned(cpu(), {4, c}), og2 = poisoned(gpu(), {4, c});
+  cpu().gather_rows(sc, staged, 4, oc2);
+  gpu().gather_rows(sg, staged, 4, og2);
+  check("gather_rows with staged ids", download(cpu(), oc2), download(gpu(), og2), 0);
+}
+
 // ---------------------------------------------------------------- recorded steps
 
 // A decode step's ops (embed, q/k/v matmuls, norm+rope, kv_write_batch, attention_batch, output

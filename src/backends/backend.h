@@ -94,6 +94,12 @@ class Backend {
   virtual double measure_copy_bandwidth(size_t bytes) { return 0; }
   // Waits until every op issued so far is done (asynchronous backends; timing).
   virtual void synchronize() {}
+  // Op timing on the device itself, for the profiler of an asynchronous backend: mark() puts a
+  // timestamp into the op stream without waiting for it; marked_seconds() waits for the work and
+  // returns the intervals between consecutive marks made since its last call (n marks: n - 1).
+  virtual bool can_mark() const { return false; }
+  virtual void mark() {}
+  virtual std::vector<double> marked_seconds() { return {}; }
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;

@@ -2,8 +2,10 @@
 // or a decode step's time goes, op by op, with each matmul weight shape on its own line and its
 // weight bytes per second (the figure a memory-bound decode is judged by). It forwards each call
 // unchanged, so results are the wrapped backend's bit for bit. Times are host wall clock around
-// the call, with the wrapped backend synchronised before and after (an asynchronous backend's op
-// is timed to its completion, launch gaps included).
+// the call, with the wrapped backend synchronised before and after, unless the backend can put
+// timestamps into its op stream (a GPU): then an op's time is the device's, from a mark before it
+// to one after it, and the device's idle time between ops is an entry of its own. Marks keep
+// the host issuing ahead, but kernels no longer overlap across them (no programmatic launch).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -18,7 +20,7 @@ namespace mb {
 
 class ProfilingBackend : public Backend {
  public:
-  explicit ProfilingBackend(Backend& inner) : in_(inner) {}
+  explicit ProfilingBackend(Backend& inner) : in_(inner), marks_(inner.can_mark()) {}
 
   struct Entry {
     std::string label;     // "matmul 6144x1536 q4_0", "attention", ...
@@ -29,7 +31,10 @@ class ProfilingBackend : public Backend {
   // Entries sorted by time, most first.
   std::vector<Entry> entries() const;
   // Timing happens only while enabled (prefill and decode are profiled apart); reset drops it.
-  void set_enabled(bool on) { enabled_ = on; }
+  void set_enabled(bool on) {
+    if (!on) collect_marks();
+    enabled_ = on;
+  }
   void reset() { stats_.clear(); }
 
   std::string name() const override { return in_.name(); }
@@ -87,8 +92,12 @@ class ProfilingBackend : public Backend {
   template <class F> void timed(const Key& key, double weight_bytes, F&& f);
   template <class F> void timed(const char* op, F&& f) { timed(Key{op, 0, 0, -1, 0}, 0.0, f); }
 
+  void collect_marks();  // the device's times of the ops in pending_ into stats_
+
   Backend& in_;
   bool enabled_ = false;
+  const bool marks_;
+  std::vector<std::pair<Key, double>> pending_;  // ops marked but not yet read back, and their weight bytes
   std::map<Key, Entry> stats_;
 };
 

@@ -37,6 +37,22 @@ bool pdl_enabled() {
   return on;
 }
 
+bool gemv_early_loads() {
+  static const bool on = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_EARLY_LOADS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+int gemv_resident_waves() {
+  static const int n = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_GEMV_WAVES");
+    return v ? std::max(0, std::atoi(v)) : 2;
+  }();
+  return n;
+}
+
 namespace {
 
 void check(cudaError_t e, const char* what) {
@@ -184,6 +200,7 @@ class CudaBackend final : public Backend {
     cublasDestroy(blas_);
     cudaFree(blas_ws_);
     cudaEventDestroy(staged_);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     cudaStreamDestroy(st_);
   }
 
@@ -269,6 +286,8 @@ class CudaBackend final : public Backend {
       check(cudaStreamSynchronize(st_), "uploading a weight");
     }
     w.qs = t.data;
+    // Lookup-only tensors may be activations a caller uploads (tests) and ops write in place.
+    w.fixed = use != WeightUse::Lookup;
     if (use != WeightUse::Lookup && is_quantized(w.type) && want_bf16_copy(size_t(rows * cols) * 2)) {
       // A bf16 copy for the products of many rows (prefill, large batches), which cuBLAS runs on
       // tensor cores; decode's few rows stream the compact blocks.
@@ -312,8 +331,10 @@ class CudaBackend final : public Backend {
     uint8_t* dev = staged_dev_.ptr<uint8_t>();
     for (size_t i = 0; i < arrays.size(); ++i) {
       if (arrays[i].bytes) std::memcpy(host + at[i], arrays[i].data, arrays[i].bytes);
-      spans_.push_back({static_cast<const uint8_t*>(arrays[i].data), std::max(arrays[i].reserve, arrays[i].bytes),
-                        dev + at[i]});
+      // An op's host pointer matches the array's bytes only: the reserve is device room (a
+      // recording's tables grow into it), and the host memory past the bytes may be another
+      // array, whose op would then read this one's copy.
+      spans_.push_back({static_cast<const uint8_t*>(arrays[i].data), arrays[i].bytes, dev + at[i]});
     }
     if (off) check(cudaMemcpyAsync(dev, host, off, cudaMemcpyHostToDevice, st_), "staging a step's inputs");
     check(cudaEventRecord(staged_, st_), "staging");
@@ -374,6 +395,28 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { check(cudaStreamSynchronize(st_), "waiting for the GPU"); }
+
+  bool can_mark() const override { return true; }
+  void mark() override {
+    MB_CHECK(!recording_, "cuda backend: a timing mark while a step is recorded");
+    if (n_marks_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "creating a timing event");
+      marks_.push_back(e);
+    }
+    check(cudaEventRecord(marks_[n_marks_++], st_), "recording a timing event");
+  }
+  std::vector<double> marked_seconds() override {
+    std::vector<double> out;
+    if (n_marks_ > 0) check(cudaEventSynchronize(marks_[n_marks_ - 1]), "waiting for the GPU");
+    for (size_t i = 1; i < n_marks_; ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, marks_[i - 1], marks_[i]), "reading a timing event");
+      out.push_back(double(ms) / 1e3);
+    }
+    n_marks_ = 0;
+    return out;
+  }
 
   // ------------------------------------------------------------------ ops
 
@@ -915,6 +958,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<ScratchPool> pool_;
   cudaStream_t st_ = nullptr;
   cudaEvent_t staged_ = nullptr;
+  std::vector<cudaEvent_t> marks_;  // mark()'s events, reused; the first n_marks_ are recorded
+  size_t n_marks_ = 0;
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::map<std::array<int64_t, 4>, Plan> plans_;

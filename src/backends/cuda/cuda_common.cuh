@@ -15,9 +15,14 @@ void check_launch(const char* what);
 
 // Programmatic dependent launch (Hopper): each kernel of a step may be scheduled while the one
 // before it drains, which hides most of the few microseconds a launch costs between small kernels
-// (a decode step is hundreds of them). Every kernel starts with pdl_begin(): it waits for the
-// previous grid to finish and its writes to be visible (so no kernel reads early), then lets the
-// next grid be scheduled. MARKBASE_CUDA_PDL=0 launches plainly (cuda_backend.cpp).
+// (a decode step is hundreds of them). Every kernel calls pdl_begin() before it touches memory that
+// an earlier kernel may write or read: it waits for the previous grid to finish and its writes to be
+// visible, then lets the next grid be scheduled. Only weights (GpuWeight::fixed: never written after
+// load) may be read before it - the GEMVs load their first weights there, so a matrix's fetch
+// overlaps the kernels before it. Data that kernels write is never read through the non-coherent
+// path (__ldg): a grid that is already resident while its predecessor writes breaks that path's
+// read-only-for-the-kernel's-lifetime contract. MARKBASE_CUDA_PDL=0 launches plainly
+// (cuda_backend.cpp).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

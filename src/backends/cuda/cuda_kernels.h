@@ -21,6 +21,7 @@ struct GpuWeight {
   const void* qs = nullptr;
   const uint16_t* scale = nullptr;     // halves
   const uint16_t* bf16 = nullptr;      // a bf16 copy for large products, or null
+  int fixed = 0;                       // a loaded weight: never written, so readable before pdl_begin
 };
 
 // Activations quantized to int8 in blocks of 32 (for the integer dot products of Q8_0/Q4_0/Q4_K):
@@ -34,6 +35,12 @@ struct QuantX {
 
 void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st);
 
+// Whether GEMVs over fixed weights load their first weights before waiting for the kernel before
+// them (default; MARKBASE_CUDA_EARLY_LOADS=0: after).
+bool gemv_early_loads();
+// GEMV grids hold at most this many times the blocks the GPU keeps resident, their warps looping
+// over rows (MARKBASE_CUDA_GEMV_WAVES, default 2: E4B Q4_0 tg128 +2% over 0, a block per 8 rows).
+int gemv_resident_waves();
 // y[n, m] = x[n, k] · wᵀ for n <= kGemvMaxRows. x is read as f32 (F32/BF16 weights) or as xq.
 inline constexpr int kGemvMaxRows = 8;
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st);

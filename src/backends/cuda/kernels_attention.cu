@@ -31,7 +31,7 @@ __device__ __forceinline__ int64_t kv_slot(const KVSeq& s, int64_t pos) {
 }
 
 __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
-  const int4 raw = __ldg(reinterpret_cast<const int4*>(p));
+  const int4 raw = *reinterpret_cast<const int4*>(p);  // not __ldg: the step's own kernels write K/V
   const uint32_t r[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

@@ -6,6 +6,8 @@
 // Layout: a warp per weight row; its lanes walk the row in units (8 elements of F32/BF16, a
 // 32-element block of Q8_0/Q4_0, a 64-element half of a Q4_K sub-block pair), each unit one or two
 // 16-byte loads; the block types take int8 activations (QuantX) and __dp4a dot products.
+#include <algorithm>
+
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
 
@@ -44,7 +46,7 @@ struct Unit<WType::F32> {
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
       const float* xp = x + xrow[j] * cols + u * 8;
-      const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
+      const float4 c = *reinterpret_cast<const float4*>(xp), d = *reinterpret_cast<const float4*>(xp + 4);
       acc[j] +=
           r.a.x * c.x + r.a.y * c.y + r.a.z * c.z + r.a.w * c.w + r.b.x * d.x + r.b.y * d.y + r.b.z * d.z + r.b.w * d.w;
     }
@@ -76,7 +78,7 @@ struct Unit<WType::BF16> {
     for (int j = 0; j < NX; ++j) {
       if (xrow[j] < 0) continue;
       const float* xp = x + xrow[j] * cols + u * 8;
-      const float4 c = __ldg(reinterpret_cast<const float4*>(xp)), d = __ldg(reinterpret_cast<const float4*>(xp + 4));
+      const float4 c = *reinterpret_cast<const float4*>(xp), d = *reinterpret_cast<const float4*>(xp + 4);
       acc[j] += wf[0] * bf16r(c.x) + wf[1] * bf16r(c.y) + wf[2] * bf16r(c.z) + wf[3] * bf16r(c.w) + wf[4] * bf16r(d.x) +
                 wf[5] * bf16r(d.y) + wf[6] * bf16r(d.z) + wf[7] * bf16r(d.w);
     }
@@ -213,10 +215,13 @@ __host__ __device__ constexpr int batch_units() {
 
 // The dots of `nd` weight rows (wr[i], rr[i]) with NX activation rows over a warp: each lane
 // takes units lane, lane + 32, ... in batches of B, every load of a batch issued first.
+// waiting (the weights are fixed and pdl_begin has not come yet): the first batch's loads go out
+// before pdl_begin, which comes here, so they overlap the kernels this one waits for (a decode
+// GEMV's rows are often a single batch).
 template <WType T, int NX, int ND>
 __device__ __forceinline__ void warp_dots(const GpuWeight (&wr)[ND], const int64_t (&rr)[ND], int64_t cols,
                                           const float* x, const QuantX& xq, const int64_t* xrow, int lane,
-                                          float (&acc)[ND][NX]) {
+                                          bool& waiting, float (&acc)[ND][NX]) {
   using U = Unit<T>;
   constexpr int B = batch_units<T>() / ND > 0 ? batch_units<T>() / ND : 1;
   const int64_t units = cols / U::kElems;
@@ -227,11 +232,19 @@ __device__ __forceinline__ void warp_dots(const GpuWeight (&wr)[ND], const int64
 #pragma unroll
       for (int i = 0; i < ND; ++i)
         if (u0 + 32 * b < units) raw[i][b] = U::load(wr[i], rr[i], u0 + 32 * b);
+    if (waiting) {
+      pdl_begin();
+      waiting = false;
+    }
 #pragma unroll
     for (int b = 0; b < B; ++b)
 #pragma unroll
       for (int i = 0; i < ND; ++i)
         if (u0 + 32 * b < units) U::template dot<NX>(raw[i][b], cols, u0 + 32 * b, x, xq, acc[i], xrow);
+  }
+  if (waiting) {
+    pdl_begin();
+    waiting = false;
   }
 }
 
@@ -247,6 +260,7 @@ struct MultiArgs {
   QuantX xq;  // the activations quantized (block types)
   int64_t n = 0, k = 0;
   const float* m = nullptr;  // kGeluTimes: y = gelu_tanh(x · wᵀ) * m, m [n, rows]
+  int early = 0;             // every weight is fixed: the first loads go before pdl_begin
 };
 
 // Kernel parameters indexed at run time would be copied to local memory: select with constants.
@@ -267,51 +281,56 @@ __device__ __forceinline__ float gelu_tanh_d(float g) {
   return 0.5f * g * (1.f + tanhf(kk * (g + 0.044715f * g * g * g)));
 }
 
+// A warp takes rows v, v + stride, ... of the weights' rows laid end to end (GLU: that row of
+// both); the grid is at most what the GPU holds at once (MultiArgs::stride), so warps stay
+// resident instead of a block retiring and launching per 8 rows.
 template <WType T, int NX, int MODE>
 __global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
   constexpr bool GLU = MODE == kGlu;
-  pdl_begin();
+  constexpr int ND = GLU ? 2 : 1;
+  bool waiting = a.early;
+  if (!waiting) pdl_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t v = int64_t(blockIdx.x) * kWarps + warp;
-  if (v >= a.total_rows) return;
   int64_t xrow[NX];
 #pragma unroll
   for (int j = 0; j < NX; ++j) xrow[j] = j < a.n ? j : -1;
-  constexpr int ND = GLU ? 2 : 1;
-  GpuWeight wr[ND];
-  int64_t rr[ND];
-  int wi = 0;
-  int64_t row = v;
-  if (GLU) {
-    wr[0] = a.w[0];
-    rr[0] = v;
-    wr[ND - 1] = a.w[1];
-    rr[ND - 1] = v;
-  } else {
-    while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
-    wr[0] = pick_w(a, wi);
-    rr[0] = row;
-  }
-  float acc[ND][NX];
-#pragma unroll
-  for (int i = 0; i < ND; ++i)
-#pragma unroll
-    for (int j = 0; j < NX; ++j) acc[i][j] = 0.f;
-  warp_dots<T, NX, ND>(wr, rr, a.k, a.x, a.xq, xrow, lane, acc);
-#pragma unroll
-  for (int i = 0; i < ND; ++i)
-#pragma unroll
-    for (int j = 0; j < NX; ++j) acc[i][j] = warp_sum(acc[i][j]);
-  if (lane != 0) return;
-#pragma unroll
-  for (int j = 0; j < NX; ++j) {
-    if (j >= a.n) break;
+  const int64_t stride = int64_t(gridDim.x) * kWarps;
+  for (int64_t v = int64_t(blockIdx.x) * kWarps + warp; v < a.total_rows; v += stride) {
+    GpuWeight wr[ND];
+    int64_t rr[ND];
+    int wi = 0;
+    int64_t row = v;
     if (GLU) {
-      a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * acc[ND - 1][j];
-    } else if (MODE == kGeluTimes) {
-      a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * a.m[j * a.total_rows + v];
+      wr[0] = a.w[0];
+      rr[0] = v;
+      wr[ND - 1] = a.w[1];
+      rr[ND - 1] = v;
     } else {
-      pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[0][j];
+      while (wi + 1 < a.nw && row >= pick_rows(a, wi)) row -= pick_rows(a, wi++);
+      wr[0] = pick_w(a, wi);
+      rr[0] = row;
+    }
+    float acc[ND][NX];
+#pragma unroll
+    for (int i = 0; i < ND; ++i)
+#pragma unroll
+      for (int j = 0; j < NX; ++j) acc[i][j] = 0.f;
+    warp_dots<T, NX, ND>(wr, rr, a.k, a.x, a.xq, xrow, lane, waiting, acc);
+#pragma unroll
+    for (int i = 0; i < ND; ++i)
+#pragma unroll
+      for (int j = 0; j < NX; ++j) acc[i][j] = warp_sum(acc[i][j]);
+    if (lane != 0) continue;
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      if (j >= a.n) break;
+      if (GLU) {
+        a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * acc[ND - 1][j];
+      } else if (MODE == kGeluTimes) {
+        a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * a.m[j * a.total_rows + v];
+      } else {
+        pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[0][j];
+      }
     }
   }
 }
@@ -344,7 +363,8 @@ __global__ void __launch_bounds__(kWarps * 32) k_moe_gemv(GpuWeight w, int64_t r
   const GpuWeight wr[1] = {w};
   const int64_t rr[1] = {row};
   float acc[1][1] = {{0.f}};
-  warp_dots<T, 1, 1>(wr, rr, w.cols, x, xq, xrow, lane, acc);
+  bool waiting = false;
+  warp_dots<T, 1, 1>(wr, rr, w.cols, x, xq, xrow, lane, waiting, acc);
   const float v = warp_sum(acc[0][0]);
   if (lane == 0) y[p * rpe + r] = v;
 }
@@ -361,15 +381,34 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
+// Blocks of k the GPU holds at once (the occupancy calculator's figure, asked once per kernel).
+template <class K> int64_t resident_blocks(K kernel) {
+  static const int64_t n = [&] {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0);
+    return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+  }();
+  return n;
+}
+
+template <WType T, int NX, int MODE>
+void launch_multi_mode(const MultiArgs& a, cudaStream_t st) {
+  int64_t grid = (a.total_rows + kWarps - 1) / kWarps;
+  const int waves = gemv_resident_waves();
+  if (waves > 0) grid = std::min(grid, waves * resident_blocks(k_gemv_multi<T, NX, MODE>));
+  launch_kernel(k_gemv_multi<T, NX, MODE>, unsigned(grid), kWarps * 32, 0, st, a);
+}
+
 template <WType T, int NX>
 void launch_multi(const MultiArgs& a, int mode, cudaStream_t st) {
-  const unsigned grid = unsigned((a.total_rows + kWarps - 1) / kWarps);
   if (mode == kGlu)
-    launch_kernel(k_gemv_multi<T, NX, kGlu>, grid, kWarps * 32, 0, st, a);
+    launch_multi_mode<T, NX, kGlu>(a, st);
   else if (mode == kGeluTimes)
-    launch_kernel(k_gemv_multi<T, NX, kGeluTimes>, grid, kWarps * 32, 0, st, a);
+    launch_multi_mode<T, NX, kGeluTimes>(a, st);
   else
-    launch_kernel(k_gemv_multi<T, NX, kPlain>, grid, kWarps * 32, 0, st, a);
+    launch_multi_mode<T, NX, kPlain>(a, st);
 }
 
 template <WType T>
@@ -400,7 +439,9 @@ void gemv_any(const GpuWeight* ws, float* const* ys, int nw, int mode, const flo
     a.k = k;
     a.n = n - j0 < kGemvMaxRows ? n - j0 : kGemvMaxRows;
     a.total_rows = 0;
+    a.early = gemv_early_loads();
     for (int i = 0; i < nw; ++i) {
+      a.early = a.early && ws[i].fixed;
       a.w[i] = ws[i];
       a.y[i] = ys[glu ? 0 : i] + j0 * (glu ? ws[0].rows : ws[i].rows);
       if (!glu) a.total_rows += ws[i].rows;
