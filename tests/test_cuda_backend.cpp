@@ -633,6 +633,36 @@ TEST_F(CudaOps, MatmulWeightsConvertedAtLoad) {
       });
 }
 
+// A norm of a few rows also quantizes what it writes for the block-type GEMV after it; the GEMV
+// takes that copy only while nothing has run since. Here a norm's output goes to a Q4_0 product
+// directly, after an op that rescales it in place, and after an op on other memory.
+TEST_F(CudaOps, NormThenBlockMatmulUsesTheNormsOwnQuantization) {
+  std::mt19937 rng(21);
+  const int64_t n = 3, d = 2560, m = 512;
+  const Weight w = random_weight(cpu(), gpu(), DType::Q4_0, {m, d}, rng);
+  const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), nw = randn(size_t(d), rng, 0.5f);
+  const Tensor nwc = upload(cpu(), {d}, nw), nwg = upload(gpu(), {d}, nw);
+  for (int between : {0, 1, 2}) {  // nothing; a scale of the norm's output; a scale of something else
+    for (int which : {0, 1, 2}) {  // rms_norm; add_rms_norm (in place); add_rms_norm_norm
+      auto side = [&](Backend& be, const Tensor& normw) {
+        Tensor xs = upload(be, {n, d}, x), bs = upload(be, {n, d}, br), other = upload(be, {n, d}, br);
+        Tensor y = be.scratch(DType::F32, {n, d});
+        Tensor* in = &y;
+        if (which == 0) be.rms_norm(xs, &normw, 1e-6f, false, y);
+        if (which == 1) be.add_rms_norm(xs, bs, &normw, 1e-6f, false, 1.f), in = &xs;
+        if (which == 2) be.add_rms_norm_norm(xs, bs, &normw, 1e-6f, false, 1.f, &normw, y);
+        if (between == 1) be.scale(*in, -2.f);
+        if (between == 2) be.scale(other, -2.f);
+        Tensor out = be.scratch(DType::F32, {n, m});
+        be.matmul(*in, &be == &cpu() ? w.c : w.g, out);
+        return download(be, out);
+      };
+      check("norm " + std::to_string(which) + " then Q4_0 matmul, between: " + std::to_string(between),
+            side(cpu(), nwc), side(gpu(), nwg), kTolMat);
+    }
+  }
+}
+
 TEST_F(CudaOps, MatmulsSeveralWeightsOneInput) {
   std::mt19937 rng(11);
   const int64_t k = 2560;

@@ -24,6 +24,8 @@
 
 namespace mb::cuda {
 
+std::atomic<uint64_t> g_device_calls{0};
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
@@ -56,9 +58,11 @@ int gemv_resident_waves() {
 namespace {
 
 void check(cudaError_t e, const char* what) {
+  g_device_calls.fetch_add(1, std::memory_order_relaxed);
   if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
 }
 void check_blas(cublasStatus_t s, const char* what) {
+  g_device_calls.fetch_add(1, std::memory_order_relaxed);
   if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS: {} failed (status {})", what, int(s));
 }
 
@@ -181,6 +185,7 @@ class CudaBackend final : public Backend {
     gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
+    fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
   }
 
   ~CudaBackend() override {
@@ -493,7 +498,9 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor* w, float eps, bool add_one, Tensor& y) override {
     MB_CHECK(x.numel() == y.numel(), "rms_norm: x {} and y {} differ", x.shape_str(), y.shape_str());
-    cuda::rms_norm(x.f32(), norm_weight(w, x.cols(), "rms_norm"), eps, add_one, x.rows(), x.cols(), y.f32(), st_);
+    const QuantOut qo = quantize_next(y);
+    cuda::rms_norm(x.f32(), norm_weight(w, x.cols(), "rms_norm"), eps, add_one, x.rows(), x.cols(), y.f32(), st_, qo);
+    quantized_now(y, qo);
   }
 
   void rope(Tensor& x, const int32_t* pos, const float* inv_freq) override {
@@ -513,8 +520,10 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float s) override {
     MB_CHECK(x.numel() == branch.numel(), "add_rms_norm: x {} and branch {} differ", x.shape_str(),
              branch.shape_str());
+    const QuantOut qo = quantize_next(x);
     cuda::add_rms_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm"), eps, add_one, s, x.rows(),
-                       x.cols(), st_);
+                       x.cols(), st_, qo);
+    quantized_now(x, qo);
   }
 
   void add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float s,
@@ -522,8 +531,10 @@ class CudaBackend final : public Backend {
     MB_CHECK(x.numel() == branch.numel() && y.numel() == x.numel(), "add_rms_norm_norm: x {}, branch {}, y {} differ",
              x.shape_str(), branch.shape_str(), y.shape_str());
     if (debug_ & 4) return Backend::add_rms_norm_norm(x, branch, w, eps, add_one, s, w_next, y);
+    const QuantOut qo = quantize_next(y);
     cuda::add_rms_norm_norm(x.f32(), branch.f32(), norm_weight(w, x.cols(), "add_rms_norm_norm"), eps, add_one, s,
-                            norm_weight(w_next, x.cols(), "add_rms_norm_norm"), y.f32(), x.rows(), x.cols(), st_);
+                            norm_weight(w_next, x.cols(), "add_rms_norm_norm"), y.f32(), x.rows(), x.cols(), st_, qo);
+    quantized_now(y, qo);
   }
 
   void kv_write(KVStore& kv, const Tensor& k, const Tensor& v, const int32_t* pos) override {
@@ -802,13 +813,51 @@ class CudaBackend final : public Backend {
     return g;
   }
 
+  // A norm's output of a few rows is quantized by the norm's kernel as it writes it, for the GEMV
+  // that most likely reads it next (a decode step's Q/K/V, FFN and per-layer-input products):
+  // one kernel less per product. quantized() takes that copy while no CUDA call has come
+  // between (g_device_calls unchanged: nothing can have written the activations since).
+  struct NormQuant {
+    const void* x = nullptr;
+    int64_t n = 0, k = 0;
+    uint64_t calls = 0;
+    Tensor q, d, s;
+  };
+  NormQuant norm_quant_;
+
+  QuantOut quantize_next(const Tensor& y) {
+    norm_quant_ = NormQuant();
+    const int64_t n = y.rows(), k = y.cols();
+    if (!fuse_quant_ || n == 0 || n > 2 * kGemvMaxRows || k % 32 != 0) return {};
+    NormQuant& p = norm_quant_;
+    p.q = scratch(DType::U8, {n * k});
+    p.d = scratch(DType::F32, {n * k / 32});
+    p.s = scratch(DType::F32, {n * k / 32});
+    return {p.q.ptr<int8_t>(), p.d.f32(), p.s.f32()};
+  }
+  void quantized_now(const Tensor& y, const QuantOut& qo) {
+    if (!qo.q) return;
+    norm_quant_.x = y.data;
+    norm_quant_.n = y.rows();
+    norm_quant_.k = y.cols();
+    norm_quant_.calls = g_device_calls.load(std::memory_order_relaxed);
+  }
+
   QuantX quantized(const Tensor& x, Tensor& q, Tensor& d, Tensor& s) {
     const int64_t n = x.rows(), k = x.cols();
     MB_CHECK(k % 32 == 0, "cuda backend: rows of {} elements cannot meet block-quantized weights", k);
-    q = scratch(DType::U8, {n * k});
-    d = scratch(DType::F32, {n * k / 32});
-    s = scratch(DType::F32, {n * k / 32});
-    quantize_x(x.f32(), n, k, q.ptr<int8_t>(), d.f32(), s.f32(), st_);
+    NormQuant& p = norm_quant_;
+    if (p.x == x.data && p.n == n && p.k == k && p.calls == g_device_calls.load(std::memory_order_relaxed)) {
+      q = std::move(p.q);
+      d = std::move(p.d);
+      s = std::move(p.s);
+      p = NormQuant();
+    } else {
+      q = scratch(DType::U8, {n * k});
+      d = scratch(DType::F32, {n * k / 32});
+      s = scratch(DType::F32, {n * k / 32});
+      quantize_x(x.f32(), n, k, q.ptr<int8_t>(), d.f32(), s.f32(), st_);
+    }
     QuantX xq;
     xq.q = q.ptr<int8_t>();
     xq.d = d.f32();
@@ -968,6 +1017,7 @@ class CudaBackend final : public Backend {
   int bf16_copies_ = -1;
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
   int debug_ = 0;
+  bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;

@@ -42,6 +42,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   cfg.stream = st;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  g_device_calls.fetch_add(1, std::memory_order_relaxed);
   // A failed launch leaves its error for check_launch, which every launcher calls next.
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
@@ -68,6 +69,21 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets it.
+// Activation e of a block of 32 held one per lane (lane = e % 32) to int8: symmetric, scale
+// amax / 127; s = d * sum(q) (the offset term of unsigned weight nibbles). quantize_x and the norms
+// that quantize what they write share it, so a GEMV's input is the same either way.
+__device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s) {
+  const float amax = warp_max(fabsf(v));
+  const float dd = amax / 127.f;
+  const int qi = amax == 0.f ? 0 : __float2int_rn(v / dd);
+  q[e] = int8_t(qi);
+  const float qs = warp_sum(float(qi));
+  if (threadIdx.x % 32 == 0) {
+    d[e / 32] = dd;
+    s[e / 32] = dd * qs;
+  }
+}
+
 __device__ __forceinline__ float block_sum(float v, float* smem32) {
   v = warp_sum(v);
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;

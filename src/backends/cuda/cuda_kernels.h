@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace mb::cuda {
@@ -34,10 +35,19 @@ struct QuantX {
 };
 
 void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st);
+// Where a norm also writes its output as quantize_x would (q null: it does not).
+struct QuantOut {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  float* s = nullptr;
+};
 
 // Whether GEMVs over fixed weights load their first weights before waiting for the kernel before
 // them (default; MARKBASE_CUDA_EARLY_LOADS=0: after).
 bool gemv_early_loads();
+// Counts calls that may write device memory (every launch and CUDA or cuBLAS call of the backend):
+// an activation quantized by the kernel that wrote it is reused while the count has not moved.
+extern std::atomic<uint64_t> g_device_calls;
 // GEMV grids hold at most this many times the blocks the GPU keeps resident, their warps looping
 // over rows (MARKBASE_CUDA_GEMV_WAVES, default 2: E4B Q4_0 tg128 +2% over 0, a block per 8 rows).
 int gemv_resident_waves();
@@ -70,15 +80,15 @@ void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* p
 // Elementwise and normalisation ops (backend.h semantics).
 void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t st);
 void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
-              cudaStream_t st);
+              cudaStream_t st, QuantOut qo = {});
 void rope(float* x, int64_t n, int64_t heads, int64_t hd, const int32_t* pos, const float* inv_freq,
           cudaStream_t st);
 void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* w, float eps, bool add_one,
                    const int32_t* pos, const float* inv_freq, cudaStream_t st);
 void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
-                  int64_t cols, cudaStream_t st);
+                  int64_t cols, cudaStream_t st, QuantOut qo = {});
 void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
-                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st);
+                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st, QuantOut qo = {});
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);

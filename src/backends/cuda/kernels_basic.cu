@@ -21,13 +21,20 @@ __global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale,
     out[i * t.cols + c] = weight_at(t, row, c) * scale;
 }
 
-__global__ void k_rms_norm(const float* x, const float* w, float eps, int add_one, int64_t cols, float* y) {
+// QuantOut q (q.q non-null; cols a multiple of 32, blocks of a multiple of 32 threads): the norms
+// also write what they write as int8 blocks (quantize32), for the GEMV that reads it next.
+__global__ void k_rms_norm(const float* x, const float* w, float eps, int add_one, int64_t cols, float* y,
+                           QuantOut qo) {
   pdl_begin();
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
   const float inv = row_inv_rms(xr, cols, eps, red);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv * norm_factor(w, c, add_one);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float r = xr[c] * inv * norm_factor(w, c, add_one);
+    yr[c] = r;
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
+  }
 }
 
 // One block per (token, head): optional RMS norm of the head, then the half-split rotation.
@@ -39,7 +46,8 @@ __global__ void k_norm_rope(float* x, int64_t heads, int64_t hd, const float* w,
   head_norm_rope(x + blockIdx.x * hd, hd, do_norm, w, eps, add_one, float(pos[blockIdx.x / heads]), inv_freq, v, red);
 }
 
-__global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale, int64_t cols) {
+__global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, int add_one, float scale, int64_t cols,
+                               QuantOut qo) {
   pdl_begin();
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
@@ -49,12 +57,13 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
     float r = xr[c] + b[c] * inv * norm_factor(w, c, add_one);
     if (scale != 1.f) r *= scale;
     xr[c] = r;
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
   }
 }
 
 // add_rms_norm, then y = rms_norm(new x) * (w2 or 1 + w2): each thread re-reads what it wrote.
 __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float eps, int add_one, float scale,
-                                    const float* w2, float* y, int64_t cols) {
+                                    const float* w2, float* y, int64_t cols, QuantOut qo) {
   pdl_begin();
   __shared__ float red[32];
   float* xr = x + blockIdx.x * cols;
@@ -68,7 +77,11 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
   }
   // Each thread reads back only the elements it wrote.
   const float inv2 = row_inv_rms(xr, cols, eps, red);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = xr[c] * inv2 * norm_factor(w2, c, add_one);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float r = xr[c] * inv2 * norm_factor(w2, c, add_one);
+    yr[c] = r;
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
+  }
 }
 
 __global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
@@ -134,16 +147,7 @@ __global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d
   const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= blocks) return;
-  const float v = x[b * 32 + lane];
-  const float amax = warp_max(fabsf(v));
-  const float dd = amax / 127.f;
-  const int qi = amax == 0.f ? 0 : __float2int_rn(v / dd);
-  q[b * 32 + lane] = int8_t(qi);
-  const float qs = warp_sum(float(qi));
-  if (lane == 0) {
-    d[b] = dd;
-    s[b] = dd * qs;
-  }
+  quantize32(x[b * 32 + lane], b * 32 + lane, q, d, s);
 }
 
 // One block per token: softmax over E logits, top k by repeated arg-max (ties to the lower index),
@@ -264,9 +268,9 @@ void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, f
 }
 
 void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
-              cudaStream_t st) {
+              cudaStream_t st, QuantOut qo) {
   if (rows == 0) return;
-  launch_kernel(k_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, w, eps, add_one, cols, y);
+  launch_kernel(k_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, w, eps, add_one, cols, y, qo);
   check_launch("rms_norm");
 }
 
@@ -286,17 +290,18 @@ void rms_norm_rope(float* x, int64_t n, int64_t heads, int64_t hd, const float* 
 }
 
 void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale, int64_t rows,
-                  int64_t cols, cudaStream_t st) {
+                  int64_t cols, cudaStream_t st, QuantOut qo) {
   if (rows == 0) return;
-  launch_kernel(k_add_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale, cols);
+  launch_kernel(k_add_rms_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale, cols,
+                qo);
   check_launch("add_rms_norm");
 }
 
 void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
-                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st) {
+                       const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st, QuantOut qo) {
   if (rows == 0) return;
   launch_kernel(k_add_rms_norm_norm, unsigned(rows), norm_threads(cols), 0, st, x, branch, w, eps, add_one, scale,
-                w_next, y, cols);
+                w_next, y, cols, qo);
   check_launch("add_rms_norm_norm");
 }
 
