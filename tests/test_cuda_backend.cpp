@@ -1136,6 +1136,36 @@ TEST_F(CudaOps, AttentionReadsOnlyTheRowsOfTheWindow) {
   }
 }
 
+// Greedy picks on the device: each row's first maximum as the host takes it, -1 for a row with a
+// non-finite value; a vocabulary's width and ties across the block's threads and warps.
+TEST_F(CudaOps, ArgmaxRowsMatchesTheHost) {
+  std::mt19937 rng(33);
+  for (int64_t V : {int64_t(5), int64_t(1000), int64_t(262144)}) {
+    const int64_t r = 9;
+    std::vector<float> x = randn(size_t(r * V), rng);
+    // Row 1: the maximum twice, far apart (threads of different warps); row 2: all equal; row 3:
+    // a NaN; row 4: an infinity; row 5: the maximum at the last column.
+    x[size_t(1 * V + V / 3)] = 50.f, x[size_t(1 * V + V - 1)] = 50.f;
+    std::fill(x.begin() + 2 * V, x.begin() + 3 * V, 0.25f);
+    x[size_t(3 * V + V / 2)] = kNaN;
+    x[size_t(4 * V)] = std::numeric_limits<float>::infinity();
+    x[size_t(5 * V + V - 1)] = 60.f;
+    std::vector<int32_t> got(static_cast<size_t>(r)), want(static_cast<size_t>(r));
+    for (Backend* be : {&cpu(), &gpu()}) {
+      Tensor t = upload(*be, {r, V}, x);
+      Tensor ids = be->scratch(DType::I32, {r});
+      be->argmax_rows(t, ids);
+      be->to_host(ids, (be == &cpu() ? want : got).data());
+    }
+    EXPECT_EQ(got, want) << "V=" << V;
+    EXPECT_EQ(want[1], int32_t(V / 3));
+    EXPECT_EQ(want[2], 0);
+    EXPECT_EQ(want[3], -1);
+    EXPECT_EQ(want[4], -1);
+    EXPECT_EQ(want[5], int32_t(V - 1));
+  }
+}
+
 // A staged array's reserve (device room for a table to grow into) is not its host memory: a host
 // array that lies past a staged array's bytes but within its reserve - here, in one buffer; in a
 // process, the next heap block - is the op's own data, not the staged copy's unwritten room.

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <span>
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_kernels.h"
@@ -12,6 +14,7 @@
 #include "markbase/markbase.h"
 #include "models/model.h"
 #include "runtime/kv_cache.h"
+#include "runtime/sampler.h"
 #include "test_util.h"
 
 namespace {
@@ -211,6 +214,78 @@ TEST(Cli, TokenListParsing) {
   EXPECT_THROW(mb::cli::parse_token_list("1,,2"), mb::Error);
   EXPECT_THROW(mb::cli::parse_token_list("1;2"), mb::Error);
   EXPECT_THROW(mb::cli::parse_token_list("99999999999"), mb::Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Greedy picks taken where the logits are (Backend::argmax_rows; on a GPU they never reach the
+// host): each row's first maximum, as the sampler's argmax, and -1 for a row with a NaN or an
+// infinity, which the engine turns into an error as it does for non-finite logits.
+TEST(GreedyPick, ArgmaxRowsIsTheFirstMaximumOrMinusOne) {
+  auto be = mb::make_cpu_backend();
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {
+      {1.f, 3.f, 2.f, 3.f, -1.f},  // tie: the first
+      {-5.f, -4.f, -4.f, -9.f, -4.5f},
+      {0.f, 0.f, 0.f, 0.f, 0.f},
+      {1.f, nan, 2.f, 0.f, 0.f},
+      {1.f, 2.f, inf, 0.f, 0.f},
+      {-inf, 2.f, 1.f, 0.f, 0.f},
+      {0.f, 0.f, 0.f, 0.f, 7.f}};
+  const std::vector<int32_t> want = {1, 1, 0, -1, -1, -1, 4};
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  mb::Tensor x = be->alloc(mb::DType::F32, {int64_t(rows.size()), 5});
+  be->upload(flat.data(), x);
+  mb::Tensor ids = be->alloc(mb::DType::I32, {int64_t(rows.size())});
+  be->argmax_rows(x, ids);
+  std::vector<int32_t> got(rows.size());
+  be->to_host(ids, got.data());
+  EXPECT_EQ(got, want);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (want[i] < 0) continue;
+    EXPECT_EQ(mb::argmax(rows[i]), want[i]) << "row " << i;
+  }
+}
+
+// forward_argmax gives the argmax of forward's rows, prompt and decode, one sequence and several.
+TEST(GreedyPick, ForwardArgmaxIsTheArgmaxOfForward) {
+  std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(mbtest::fixture("e2b_like"));
+  auto be = mb::make_cpu_backend();
+  auto model = mb::load_model(ck, *be, {});
+  const int64_t V = ck->config.vocab_size;
+  mb::KVCache kv_a(ck->config, *be, {3, 64, 16}), kv_b(ck->config, *be, {3, 64, 16});
+  auto prompt = [](int s) {
+    mb::Batch b;
+    for (int32_t p = 0; p < 9; ++p) {
+      b.tokens.push_back(int32_t(2 + (p * 37 + s * 11) % 200));
+      b.positions.push_back(p);
+    }
+    b.seqs.push_back({s, 0, 9});
+    b.logit_rows = {4, 8};
+    return b;
+  };
+  std::vector<mb::Batch> steps = {prompt(0), prompt(1), prompt(2)};
+  mb::Batch dec;
+  for (int s = 0; s < 3; ++s) {
+    dec.tokens.push_back(int32_t(5 + s));
+    dec.positions.push_back(9);
+    dec.seqs.push_back({s, s, 1});
+    dec.logit_rows.push_back(s);
+  }
+  steps.push_back(dec);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    model->forward(steps[i], kv_a, logits);
+    model->forward_argmax(steps[i], kv_b, ids);
+    ASSERT_EQ(ids.size(), steps[i].logit_rows.size());
+    for (size_t r = 0; r < ids.size(); ++r)
+      EXPECT_EQ(ids[r], mb::argmax(std::span<const float>(logits.data() + r * size_t(V), size_t(V))))
+          << "step " << i << " row " << r;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // on the backend. Each op has a plain reference implementation in the CPU backend that faster
 // paths (SIMD, CUDA) are tested against.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -154,6 +155,24 @@ class Backend {
     rms_norm(branch, w, eps, add_one, branch);
     add(x, branch, x);
     if (scale != 1.f) this->scale(x, scale);
+  }
+  // ids [r] (I32) = the first maximum of each row of x [r, V] (f32), or -1 where the row holds a
+  // NaN or an infinity: greedy picking without copying the rows off a device (a GPU's logits).
+  virtual void argmax_rows(const Tensor& x, Tensor& ids) {
+    const int64_t r = ids.numel(), V = r > 0 ? x.numel() / r : 0;
+    std::vector<float> v(size_t(x.numel()));
+    to_host(x, v.data());
+    std::vector<int32_t> out(static_cast<size_t>(r));
+    for (int64_t i = 0; i < r; ++i) out[size_t(i)] = first_max_or_nonfinite(v.data() + i * V, V);
+    upload(out.data(), ids);
+  }
+  static int32_t first_max_or_nonfinite(const float* row, int64_t V) {
+    int32_t best = -1;
+    for (int64_t c = 0; c < V; ++c) {
+      if (!std::isfinite(row[c])) return -1;
+      if (best < 0 || row[c] > row[best]) best = int32_t(c);
+    }
+    return best;
   }
   // add_rms_norm, then y = rms_norm(x) · w_next (the next block's input norm) from the new x, in
   // one pass. y must not alias x or branch.

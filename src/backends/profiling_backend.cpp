@@ -169,6 +169,9 @@ void ProfilingBackend::copy(const Tensor& src, Tensor& dst) {
 void ProfilingBackend::to_host(const Tensor& src, void* dst) {
   timed("to_host", [&] { in_.to_host(src, dst); });
 }
+void ProfilingBackend::argmax_rows(const Tensor& x, Tensor& ids) {
+  timed("argmax_rows", [&] { in_.argmax_rows(x, ids); });
+}
 void ProfilingBackend::upload(const void* src, Tensor& dst) {
   timed("upload", [&] { in_.upload(src, dst); });
 }

@@ -84,6 +84,7 @@ class ProfilingBackend : public Backend {
   void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void to_host(const Tensor& src, void* dst) override;
+  void argmax_rows(const Tensor& x, Tensor& ids) override;
   void upload(const void* src, Tensor& dst) override;
 
  private:

@@ -60,6 +60,14 @@ StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg,
   return in;
 }
 
+void Model::forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids) {
+  std::vector<float> logits;
+  forward(batch, kv, logits);
+  const int64_t r = int64_t(batch.logit_rows.size()), V = config().vocab_size;
+  ids.resize(size_t(r));
+  for (int64_t i = 0; i < r; ++i) ids[size_t(i)] = Backend::first_max_or_nonfinite(logits.data() + i * V, V);
+}
+
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                   const ModelLoadOptions& opts) {
   const Architecture& arch = ck->architecture();

@@ -9,7 +9,8 @@ namespace mb {
 ModelRunner::ModelRunner(Model& model, const KVPageManager& pages, int64_t max_context, int64_t max_step)
     : model_(model), view_(pages, model.config(), max_context, max_step) {}
 
-void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vector<bool>& all_rows, Output& out) {
+void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vector<bool>& all_rows, Output& out,
+                      bool greedy) {
   MB_CHECK(chunks.size() == all_rows.size(), "model runner: {} chunks but {} row flags", chunks.size(),
            all_rows.size());
   batch_.tokens.clear();
@@ -57,7 +58,13 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
     }
   }
   view_.set(pages);
-  model_.forward(batch_, view_, out.logits);
+  if (greedy) {
+    out.logits.clear();
+    model_.forward_argmax(batch_, view_, out.ids);
+  } else {
+    out.ids.clear();
+    model_.forward(batch_, view_, out.logits);
+  }
 }
 
 }  // namespace mb

@@ -680,6 +680,14 @@ class CudaBackend final : public Backend {
     moe_combine(y.f32(), weights.f32(), n, k, H, out.f32(), st_);
   }
 
+  void argmax_rows(const Tensor& x, Tensor& ids) override {
+    MB_CHECK(ids.dtype == DType::I32 && ids.numel() > 0 && x.numel() % ids.numel() == 0,
+             "argmax_rows: {} ids for x {}", ids.numel(), x.shape_str());
+    on_device(x, "argmax_rows x");
+    on_device(ids, "argmax_rows ids");
+    cuda::argmax_rows(x.f32(), ids.numel(), x.numel() / ids.numel(), ids.ptr<int32_t>(), st_);
+  }
+
   void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override {
     const int64_t n = src.rows(), c = src.cols(), w = dst.cols();
     MB_CHECK(dst.rows() == n && begin >= 0 && begin + w <= c, "slice_cols: [{}, {}) of {} into {}", begin, begin + w,

@@ -76,6 +76,8 @@ void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t
 void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaStream_t st);
 void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
                 int32_t* experts, cudaStream_t st);
+// ids[r] = the first maximum of row r of x [rows, V], -1 for a row with a non-finite value.
+void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids, cudaStream_t st);
 
 // Elementwise and normalisation ops (backend.h semantics).
 void embed(const GpuWeight& table, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t st);

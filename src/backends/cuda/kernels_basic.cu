@@ -150,6 +150,42 @@ __global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d
   quantize32(x[b * 32 + lane], b * 32 + lane, q, d, s);
 }
 
+// One block per row: the first maximum, or -1 if the row holds a non-finite value (as the host's
+// Backend::first_max_or_nonfinite).
+__global__ void k_argmax_rows(const float* x, int64_t V, int32_t* ids) {
+  pdl_begin();
+  __shared__ float sbest[32];
+  __shared__ int64_t sidx[32];
+  __shared__ int sbad[32];
+  const float* r = x + blockIdx.x * V;
+  float best = -INFINITY;
+  int64_t bi = INT64_MAX;
+  int bad = 0;
+  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+    const float v = r[c];
+    if (!isfinite(v)) bad = 1;
+    else if (v > best || bi == INT64_MAX) best = v, bi = c;  // a thread's columns ascend: the first stays
+  }
+  // (value desc, column asc) across the warp, then across the warps.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi != INT64_MAX && (bi == INT64_MAX || ob > best || (ob == best && oi < bi))) best = ob, bi = oi;
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+  if (l == 0) sbest[w] = best, sidx[w] = bi, sbad[w] = bad;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < nw; ++i) {
+      if (sidx[i] != INT64_MAX && (bi == INT64_MAX || sbest[i] > best || (sbest[i] == best && sidx[i] < bi)))
+        best = sbest[i], bi = sidx[i];
+      bad |= sbad[i];
+    }
+    ids[blockIdx.x] = bad || bi == INT64_MAX ? -1 : int32_t(bi);
+  }
+}
+
 // One block per token: softmax over E logits, top k by repeated arg-max (ties to the lower index),
 // renormalised, times the per-expert scale.
 __global__ void k_route_topk(const float* logits, int64_t E, int k, const float* pes, float* weights,
@@ -360,6 +396,11 @@ void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float
   if (blocks == 0) return;
   launch_kernel(k_quantize_x, blocks_for(blocks * 32, 256), 256, 0, st, x, blocks, q, d, s);
   check_launch("quantize activations");
+}
+void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids, cudaStream_t st) {
+  if (rows == 0) return;
+  launch_kernel(k_argmax_rows, unsigned(rows), 1024, 0, st, x, V, ids);
+  check_launch("argmax_rows");
 }
 void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
                 int32_t* experts, cudaStream_t st) {

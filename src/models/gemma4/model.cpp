@@ -51,7 +51,12 @@ class Gemma4Model final : public Model {
     return weight_bytes_ - expert_bytes_ + size_t(double(expert_bytes_) * routed);
   }
 
-  void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) override;
+  void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) override {
+    step(batch, kv, &logits, nullptr);
+  }
+  void forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids) override {
+    step(batch, kv, nullptr, &ids);
+  }
   // The ops of a step from the staged inputs to the logits of batch.logit_rows in `out` [r, V].
   void compute(const Batch& batch, KVMemory& kv, Tensor& out);
 
@@ -79,6 +84,9 @@ class Gemma4Model final : public Model {
   void load_weights();
   // h: rms_norm(x) by the layer's input norm; each block leaves in `next` the normalised input
   // of what follows it (the residual add and that norm run as one op), `next_norm` (null: none).
+  // forward's body: the logit rows to the host (logits) or their first maxima (ids).
+  void step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids);
+  void deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids);
   void attention_block(int l, Tensor& x, Tensor& h, const Batch& batch, KVMemory& kv, Tensor& next);
   void ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tensor* next_norm, Tensor& next);
   Tensor per_layer_inputs(const Batch& batch, const Tensor& x0);
@@ -307,7 +315,19 @@ void Gemma4Model::ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tens
   }
 }
 
-void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) {
+void Gemma4Model::deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids) {
+  if (logits) {
+    if (r > 0) be_.to_host(out, logits->data());
+    return;
+  }
+  ids->resize(size_t(r));
+  if (r == 0) return;
+  Tensor t = be_.scratch(DType::I32, {r});
+  be_.argmax_rows(out, t);
+  be_.to_host(t, ids->data());
+}
+
+void Gemma4Model::step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids) {
   const int64_t n = int64_t(batch.tokens.size()), V = cfg_.vocab_size;
   MB_CHECK(n > 0 && batch.positions.size() == size_t(n), "forward: empty or inconsistent batch");
   for (const BatchSequence& s : batch.seqs) {
@@ -318,7 +338,7 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
              batch.positions[size_t(s.begin + s.count - 1)], kv.max_context());
   }
   const int64_t r = int64_t(batch.logit_rows.size());
-  logits.resize(size_t(r * V));
+  if (logits) logits->resize(size_t(r * V));
   for (const EmbeddingRows& e : batch.embeddings)
     MB_CHECK(e.row >= 0 && e.count > 0 && e.row + e.count <= n && e.data, "forward: embedding rows [{}, {}) of {}",
              e.row, e.row + e.count, n);
@@ -337,7 +357,7 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
   if (in.record_key == 0 || r == 0 || !batch.embeddings.empty() || !batch.last_keys.empty()) {
     Tensor out = r > 0 ? be_.scratch(DType::F32, {r, V}) : Tensor();
     compute(batch, kv, out);
-    if (r > 0) be_.to_host(out, logits.data());
+    deliver(out, r, logits, ids);
     return;
   }
   if (step_logits_.empty() || step_logits_.dim(0) < r) {
@@ -351,7 +371,7 @@ void Gemma4Model::forward(const Batch& batch, KVMemory& kv, std::vector<float>& 
     compute(batch, kv, out);
     be_.end_recording(in.record_key);
   }
-  be_.to_host(out, logits.data());
+  deliver(out, r, logits, ids);
 }
 
 void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
