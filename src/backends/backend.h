@@ -157,15 +157,9 @@ class Backend {
     if (scale != 1.f) this->scale(x, scale);
   }
   // ids [r] (I32) = the first maximum of each row of x [r, V] (f32), or -1 where the row holds a
-  // NaN or an infinity: greedy picking without copying the rows off a device (a GPU's logits).
-  virtual void argmax_rows(const Tensor& x, Tensor& ids) {
-    const int64_t r = ids.numel(), V = r > 0 ? x.numel() / r : 0;
-    std::vector<float> v(size_t(x.numel()));
-    to_host(x, v.data());
-    std::vector<int32_t> out(static_cast<size_t>(r));
-    for (int64_t i = 0; i < r; ++i) out[size_t(i)] = first_max_or_nonfinite(v.data() + i * V, V);
-    upload(out.data(), ids);
-  }
+  // NaN or an infinity (first_max_or_nonfinite): greedy picking without copying the rows off a
+  // device (a GPU's logits).
+  virtual void argmax_rows(const Tensor& x, Tensor& ids) = 0;
   static int32_t first_max_or_nonfinite(const float* row, int64_t V) {
     int32_t best = -1;
     for (int64_t c = 0; c < V; ++c) {

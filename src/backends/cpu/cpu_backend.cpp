@@ -564,6 +564,15 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) std::memcpy(dst.f32() + i * w, src.f32() + i * c + begin, size_t(w) * 4);
   }
 
+  // In place: the rows are host memory already (the base class copies them out first).
+  void argmax_rows(const Tensor& x, Tensor& ids) override {
+    check_f32(x, "argmax_rows", "x");
+    MB_CHECK(ids.dtype == DType::I32 && ids.numel() > 0 && x.numel() % ids.numel() == 0,
+             "argmax_rows: {} ids for x {}", ids.numel(), x.shape_str());
+    const int64_t r = ids.numel(), V = x.numel() / r;
+    for (int64_t i = 0; i < r; ++i) ids.ptr<int32_t>()[i] = first_max_or_nonfinite(x.f32() + i * V, V);
+  }
+
   void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override {
     const int64_t c = src.cols();
     MB_CHECK(dst.rows() == n && dst.cols() == c, "gather_rows: {} rows of {} into {}", n, src.shape_str(),
