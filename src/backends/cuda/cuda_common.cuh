@@ -68,7 +68,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets it.
 // Activation e of a block of 32 held one per lane (lane = e % 32) to int8: symmetric, scale
 // amax / 127; s = d * sum(q) (the offset term of unsigned weight nibbles). quantize_x and the norms
 // that quantize what they write share it, so a GEMV's input is the same either way.
@@ -84,6 +83,7 @@ __device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float*
   }
 }
 
+// Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every thread gets it.
 __device__ __forceinline__ float block_sum(float v, float* smem32) {
   v = warp_sum(v);
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;

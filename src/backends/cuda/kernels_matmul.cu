@@ -282,7 +282,7 @@ __device__ __forceinline__ float gelu_tanh_d(float g) {
 }
 
 // A warp takes rows v, v + stride, ... of the weights' rows laid end to end (GLU: that row of
-// both); the grid is at most what the GPU holds at once (MultiArgs::stride), so warps stay
+// both); the grid is at most gemv_resident_waves() times what the GPU holds at once, so warps stay
 // resident instead of a block retiring and launching per 8 rows.
 template <WType T, int NX, int MODE>
 __global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
