@@ -57,6 +57,9 @@ class Gemma4Model final : public Model {
   void forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids) override {
     step(batch, kv, nullptr, &ids);
   }
+  // forward's body: the logit rows to the host (logits) or their first maxima (ids).
+  void step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids);
+  void deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids);
   // The ops of a step from the staged inputs to the logits of batch.logit_rows in `out` [r, V].
   void compute(const Batch& batch, KVMemory& kv, Tensor& out);
 
@@ -84,9 +87,6 @@ class Gemma4Model final : public Model {
   void load_weights();
   // h: rms_norm(x) by the layer's input norm; each block leaves in `next` the normalised input
   // of what follows it (the residual add and that norm run as one op), `next_norm` (null: none).
-  // forward's body: the logit rows to the host (logits) or their first maxima (ids).
-  void step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids);
-  void deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids);
   void attention_block(int l, Tensor& x, Tensor& h, const Batch& batch, KVMemory& kv, Tensor& next);
   void ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tensor* next_norm, Tensor& next);
   Tensor per_layer_inputs(const Batch& batch, const Tensor& x0);
