@@ -764,6 +764,7 @@ TEST_F(CudaOps, MoeGatedExperts) {
   const std::vector<Case> cases = {
       {8, 512, 256, 2, {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}},
       {8, 2816, 704, 2, {DType::BF16, DType::Q8_0, DType::Q4_0}},  // 26B-A4B's widths (704: no K-quant rows)
+      {128, 512, 256, 8, {DType::Q8_0, DType::Q4_0}},              // 26B-A4B's routing: many experts empty
   };
   for (const Case& c : cases)
     for (DType dt : c.dts) guarded("moe " + dname(dt), [&] {
@@ -771,7 +772,7 @@ TEST_F(CudaOps, MoeGatedExperts) {
       const Weight dn = random_weight(cpu(), gpu(), dt, {c.E, c.H, c.I}, rng);
       RowReport rep{"moe_gated_experts " + dname(dt) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
                     " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
-      for (int64_t n : {1, 5, 64}) {
+      for (int64_t n : {1, 5, 64, 300}) {
         const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
         const Tensor xc = upload(cpu(), {n, c.H}, x), xg = upload(gpu(), {n, c.H}, x);
         const Tensor lc = upload(cpu(), {n, c.E}, logits), lg = upload(gpu(), {n, c.E}, logits);
@@ -787,6 +788,106 @@ TEST_F(CudaOps, MoeGatedExperts) {
                          false));
       }
       rep.print(kTolMat);
+    });
+}
+
+// Block-type products of more rows than the GEMV takes run on the tensor cores (kernels_mmq.cu;
+// by default only for weights without a bf16 copy, MARKBASE_CUDA_MMQ_ROWS=N for all): same int8
+// activations, same exact block sums, so each row must give the numbers the GEMV gives that row
+// alone, up to the order of float additions - far tighter than the CPU comparison.
+TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
+  constexpr double kTolSame = 1e-4;
+  std::unique_ptr<Backend> mmq;
+  {
+    EnvOverride all("MARKBASE_CUDA_MMQ_ROWS", "1024");
+    mmq = make_gpu();
+  }
+  Backend& be = *mmq;
+  std::mt19937 rng(21);
+  struct Shape {
+    int64_t k, m;
+  };
+  for (DType dt : {DType::Q8_0, DType::Q4_0})
+    for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}}) guarded("mmq " + dname(dt), [&] {
+      const Weight w = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng), u = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng);
+      RowReport rep{"mmq against row-by-row GEMV " + dname(dt) + " k=" + std::to_string(sh.k) + " m=" +
+                    std::to_string(sh.m)};
+      for (int64_t n : {5, 8, 9, 37, 64, 65, 200}) {
+        const auto x = randn(size_t(n * sh.k), rng), m = randn(size_t(n * sh.m), rng);
+        const Tensor xg = upload(be, {n, sh.k}, x), mg = upload(be, {n, sh.m}, m);
+        Tensor y = poisoned(be, {n, sh.m}), y2 = poisoned(be, {n, sh.m}), glu = poisoned(be, {n, sh.m}),
+               gt = poisoned(be, {n, sh.m});
+        be.matmuls(xg, {&w.g, &u.g}, {&y, &y2});
+        be.matmul_gelu_mul(xg, w.g, u.g, glu);
+        be.matmul_gelu_times(xg, w.g, mg, gt);
+        std::vector<float> r1, r2, rg, rt;
+        for (int64_t i = 0; i < n; ++i) {
+          const std::vector<float> xi(x.begin() + i * sh.k, x.begin() + (i + 1) * sh.k);
+          const std::vector<float> mi(m.begin() + i * sh.m, m.begin() + (i + 1) * sh.m);
+          const Tensor x1 = upload(be, {1, sh.k}, xi), m1 = upload(be, {1, sh.m}, mi);
+          Tensor a = poisoned(be, {1, sh.m}), b = poisoned(be, {1, sh.m}), g = poisoned(be, {1, sh.m}),
+                 t = poisoned(be, {1, sh.m});
+          be.matmul(x1, w.g, a);
+          be.matmul(x1, u.g, b);
+          be.matmul_gelu_mul(x1, w.g, u.g, g);
+          be.matmul_gelu_times(x1, w.g, m1, t);
+          for (auto [dst, src] : {std::pair{&r1, &a}, {&r2, &b}, {&rg, &g}, {&rt, &t}}) {
+            const auto v = download(be, *src);
+            dst->insert(dst->end(), v.begin(), v.end());
+          }
+        }
+        const std::string at = " " + dname(dt) + " n=" + std::to_string(n) + " m=" + std::to_string(sh.m);
+        double worst = check("mmq matmuls #0" + at, r1, download(be, y), kTolSame, false);
+        worst = std::max(worst, check("mmq matmuls #1" + at, r2, download(be, y2), kTolSame, false));
+        worst = std::max(worst, check("mmq gelu_mul" + at, rg, download(be, glu), kTolSame, false));
+        worst = std::max(worst, check("mmq gelu_times" + at, rt, download(be, gt), kTolSame, false));
+        rep.add(n, worst);
+      }
+      rep.print(kTolSame);
+    });
+}
+
+// Many token-expert pairs go through per-expert tiles sorted on the device; each pair must get
+// what the pair-by-pair GEMV gives it (MARKBASE_CUDA_MMQ_PAIRS=0 turns the tiles off). Not to
+// 1e-4 as above: the gate/up products differ in the order of their float additions (~1e-7),
+// and the down product's input is quantized again, where such a difference now and then moves
+// an element to the next int8 step (measured up to 1.5e-3 of the output range). A pair sent to
+// the wrong expert or row would be off by the output's whole size.
+TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
+  constexpr double kTolSame = 5e-3;
+  std::unique_ptr<Backend> pairwise;
+  {
+    EnvOverride off("MARKBASE_CUDA_MMQ_PAIRS", "0");
+    pairwise = make_gpu();
+  }
+  std::mt19937 rng(22);
+  struct Case {
+    int64_t E, H, I;
+    int k;
+  };
+  for (DType dt : {DType::Q8_0, DType::Q4_0})
+    for (Case c : {Case{128, 512, 256, 8}, Case{4, 2816, 704, 2}}) guarded("grouped experts " + dname(dt), [&] {
+      const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
+      const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));
+      const Tensor gus = host_weight(dt, {c.E, 2 * c.I, c.H}, guf), dns = host_weight(dt, {c.E, c.H, c.I}, dnf);
+      const Tensor gu1 = gpu().prepare_weight(gus, dt), dn1 = gpu().prepare_weight(dns, dt);
+      const Tensor gu2 = pairwise->prepare_weight(gus, dt), dn2 = pairwise->prepare_weight(dns, dt);
+      RowReport rep{"grouped experts against pair GEMV " + dname(dt) + " E=" + std::to_string(c.E) +
+                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
+      for (int64_t n : {5, 64, 300}) {
+        const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
+        auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
+          const Tensor xb = upload(be, {n, c.H}, x), lb = upload(be, {n, c.E}, logits);
+          Tensor wb = be.scratch(DType::F32, {n, c.k}), eb = be.scratch(DType::I32, {n, c.k});
+          be.route_topk(lb, c.k, nullptr, wb, eb);
+          Tensor o = poisoned(be, {n, c.H});
+          be.moe_gated_experts(xb, gu, dn, wb, eb, o);
+          return download(be, o);
+        };
+        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*pairwise, gu2, dn2), run(gpu(), gu1, dn1),
+                         kTolSame, false));
+      }
+      rep.print(kTolSame);
     });
 }
 

@@ -183,6 +183,8 @@ class CudaBackend final : public Backend {
     graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
     bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
     gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
+    mmq_rows_ = env_int("MARKBASE_CUDA_MMQ_ROWS", -1);
+    mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", 32);
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
@@ -441,6 +443,13 @@ class CudaBackend final : public Backend {
       on_device(*ys[i], "matmul y");
     }
     if (n == 0) return;
+    if (use_mmq(gw, n)) {
+      std::vector<float*> y;
+      for (Tensor* t : ys) y.push_back(t->f32());
+      for (size_t i0 = 0; i0 < gw.size(); i0 += 3)
+        mmq_batch(gw.data() + i0, y.data() + i0, int(std::min<size_t>(3, gw.size() - i0)), MmqMode::Plain, nullptr, x);
+      return;
+    }
     if (use_gemv(gw, n)) {
       std::vector<float*> y;
       for (Tensor* t : ys) y.push_back(t->f32());
@@ -461,6 +470,11 @@ class CudaBackend final : public Backend {
                  out.numel() == n * gw[0].rows,
              "matmul_gelu_mul: x {} · gate {}ᵀ, up {}ᵀ -> out {} do not fit", x.shape_str(), w_gate.shape_str(),
              w_up.shape_str(), out.shape_str());
+    if (n > 0 && use_mmq(gw, n)) {
+      float* y = out.f32();
+      mmq_batch(gw.data(), &y, 2, MmqMode::Glu, nullptr, x);
+      return;
+    }
     if (n > 0 && use_gemv(gw, n)) {
       float* y = out.f32();
       gemv_batch(gw.data(), &y, 2, true, x);
@@ -478,6 +492,12 @@ class CudaBackend final : public Backend {
     MB_CHECK(gw.cols == x.cols() && m.numel() == n * gw.rows && out.numel() == n * gw.rows,
              "matmul_gelu_times: x {} · w {}ᵀ, times {} -> out {} do not fit", x.shape_str(), w.shape_str(),
              m.shape_str(), out.shape_str());
+    if (n > 0 && use_mmq({gw}, n)) {
+      on_device(m, "matmul_gelu_times m");
+      float* y = out.f32();
+      mmq_batch(&gw, &y, 1, MmqMode::GeluTimes, m.f32(), x);
+      return;
+    }
     if (n > 0 && use_gemv({gw}, n)) {
       on_device(m, "matmul_gelu_times m");
       Tensor q, d, s;
@@ -664,6 +684,9 @@ class CudaBackend final : public Backend {
     MB_CHECK((is_quantized(gu.type) || H % 8 == 0) && (is_quantized(dn.type) || I % 8 == 0),
              "moe: expert rows of {} and {} elements need a multiple of 8 on the GPU", H, I);
     const int64_t pairs = n * k;
+    if (mmq_rows_ != 0 && mmq_pairs_ > 0 && pairs >= mmq_pairs_ && mmq_supports(gu) && mmq_supports(dn) &&
+        I2 % 64 == 0 && H % 64 == 0 && I % 32 == 0)
+      return grouped_experts(x, gu, dn, I, weights, experts, out);
     Tensor h = scratch(DType::F32, {pairs, I2});
     Tensor q, d, s;
     QuantX xq{};
@@ -678,6 +701,36 @@ class CudaBackend final : public Backend {
     if (is_quantized(dn.type)) aq = quantized(act, q2, d2, s2);
     moe_gemv(dn, H, act.f32(), &aq, experts.ptr<int32_t>(), pairs, k, true, y.f32(), st_);
     moe_combine(y.f32(), weights.f32(), n, k, H, out.f32(), st_);
+  }
+
+  // Many token-expert pairs: sorted into per-expert tiles on the device, each expert's weights read
+  // once per tile of up to 64 pairs (the pair-by-pair GEMV reads them once per pair).
+  void grouped_experts(const Tensor& x, const GpuWeight& gu, const GpuWeight& dn, int64_t I, const Tensor& weights,
+                       const Tensor& experts, Tensor& out) {
+    const int64_t n = x.rows(), H = x.cols(), E = gu.rows / (2 * I), k = weights.cols(), pairs = n * k;
+    const int64_t rows = moe_tiled_rows(pairs, E), max_tiles = moe_max_tiles(pairs, E);
+    Tensor row_pair = scratch(DType::I32, {rows}), tiles = scratch(DType::I32, {max_tiles * 4});
+    Tensor n_tiles = scratch(DType::I32, {1});
+    moe_tiles(experts.ptr<int32_t>(), pairs, E, row_pair.ptr<int32_t>(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(),
+              st_);
+    Tensor h = scratch(DType::F32, {pairs, 2 * I});
+    {
+      Tensor q = scratch(DType::U8, {rows * H}), d = scratch(DType::F32, {rows * H / 32});
+      tile_x(x.f32(), n, H, row_pair.ptr<int32_t>(), int(k), rows, q.ptr<int8_t>(), d.f32(), st_);
+      mmq_experts(gu, 2 * I, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
+                  row_pair.ptr<int32_t>(), h.f32(), st_);
+    }
+    Tensor act = scratch(DType::F32, {pairs, I});
+    gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
+    h = Tensor();
+    Tensor y = scratch(DType::F32, {pairs, H});
+    {
+      Tensor q = scratch(DType::U8, {rows * I}), d = scratch(DType::F32, {rows * I / 32});
+      tile_x(act.f32(), pairs, I, row_pair.ptr<int32_t>(), 1, rows, q.ptr<int8_t>(), d.f32(), st_);
+      mmq_experts(dn, H, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
+                  row_pair.ptr<int32_t>(), y.f32(), st_);
+    }
+    moe_combine(y.f32(), weights.f32(), n, int(k), H, out.f32(), st_);
   }
 
   void argmax_rows(const Tensor& x, Tensor& ids) override {
@@ -893,6 +946,36 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  // More rows than the GEMV takes, of Q8_0/Q4_0 weights: the tensor-core kernels read the blocks as
+  // they are. Where a bf16 copy lets cuBLAS run, cuBLAS is faster still at every row count measured
+  // (E4B Q4_0 on an H200, tok/s at 8/16/32/64/128 streams: 973/1,806/2,916/4,286/5,630 against
+  // 1,320/2,541/4,749/7,872/12,003), so by default only weights without one take them (instead of
+  // dequantizing slabs of rows for cuBLAS); MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most
+  // N rows there, 0 none.
+  bool use_mmq(const std::vector<GpuWeight>& gw, int64_t n) const {
+    if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= (gemv_rows_ >= 0 ? gemv_rows_ : 4) ||
+        (debug_ & 1))
+      return false;
+    bool copies = true;
+    for (const GpuWeight& w : gw) {
+      if (!mmq_supports(w) || w.type != gw[0].type || w.cols != gw[0].cols) return false;
+      copies = copies && w.bf16;
+    }
+    return mmq_rows_ > 0 || !copies;
+  }
+
+  void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
+    const int64_t n = x.rows(), k = x.cols(), rows = tiled_x_rows(n);
+    Tensor q = scratch(DType::U8, {rows * k}), d = scratch(DType::F32, {rows * k / 32});
+    tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
+    const int64_t splits = mmq_splits(ws, nw, n);
+    int64_t total = 0;
+    for (int i = 0; i < nw; ++i) total += ws[i].rows;
+    Tensor part;
+    if (splits > 1 || mode != MmqMode::Plain) part = scratch(DType::F32, {splits * n * total});
+    mmq(ws, ys, nw, mode, m, q.ptr<int8_t>(), d.f32(), n, splits, part.empty() ? nullptr : part.f32(), st_);
+  }
+
   void gemv_batch(const GpuWeight* ws, float* const* ys, int nw, bool glu, const Tensor& x) {
     const int64_t n = x.rows();
     Tensor q, d, s;
@@ -1024,6 +1107,8 @@ class CudaBackend final : public Backend {
   bool graphs_on_ = true;
   int bf16_copies_ = -1;
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
+  int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
+  int mmq_pairs_ = 32;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped expert products
   int debug_ = 0;
   bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;

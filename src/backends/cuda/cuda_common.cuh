@@ -57,6 +57,11 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
 }
 __device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi), as torch's gelu(approximate="tanh")
+  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -62,6 +62,32 @@ void gemv_multi(const GpuWeight* ws, float* const* ys, int nw, bool glu, const f
 // y[n, rows] = gelu_tanh(x · wᵀ) * m[n, rows] (n <= kGemvMaxRows).
 void gemv_gelu_times(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, const float* m, float* y,
                      cudaStream_t st);
+// Tensor-core products of Q8_0/Q4_0 weights (kernels_mmq.cu) with activations tiled for them:
+// tile_x quantizes rows as quantize_x does into groups of 8 rows in mma fragment order, q
+// [rows, k] int8 and d [rows, k/32] floats; row r reads x row src[r] / div (src null: r, zeros
+// from n on; src[r] < 0: zeros). rows: tiled_x_rows(n) for a dense product.
+bool mmq_supports(const GpuWeight& w);  // Q8_0 or Q4_0 with rows a multiple of 64
+int64_t tiled_x_rows(int64_t n);
+void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
+            cudaStream_t st);
+// ys[i][n, rows_i] = x · ws[i]ᵀ (Plain), ys[0] = gelu_tanh(x · ws[0]ᵀ) * (x · ws[1]ᵀ) (Glu) or
+// gelu_tanh(x · ws[0]ᵀ) * m (GeluTimes); nw <= 3 weights of one type and width. K is cut into
+// `splits` (mmq_splits) whose partial sums go to `part` [splits, n, Σ rows] and are added in a
+// second kernel (not needed for Plain with one split: part may be null then).
+enum class MmqMode : int { Plain = 0, Glu = 1, GeluTimes = 2 };
+int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n);
+void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
+         const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st);
+// Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles of up to 64 rows
+// on the device. moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1 for padding),
+// tiles [moe_max_tiles][4] and their count; mmq_experts then computes y[pair, rows_per_expert] =
+// W[expert] · x of each pair's tiled row (tile_x with src = row_pair).
+int64_t moe_tiled_rows(int64_t pairs, int64_t E);
+int64_t moe_max_tiles(int64_t pairs, int64_t E);
+void moe_tiles(const int32_t* experts, int64_t pairs, int64_t E, int32_t* row_pair, int32_t* tiles, int32_t* n_tiles,
+               cudaStream_t st);
+void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, const float* xd, const int32_t* tiles,
+                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, float* y, cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
@@ -112,7 +138,10 @@ struct KVSeq {
   int32_t ring = 0;
   int32_t page_shift = 0;          // log2(page_size)
 };
-inline constexpr int kMaxSeqsPerLaunch = 32;
+// Sequences an attention launch takes as its parameter (72 bytes each: 9 KB of the 32 KB that
+// kernel parameters may hold since CUDA 12.1). Each launch more costs a decode step a few
+// microseconds a layer: 128 streams were 4 launches of 32.
+inline constexpr int kMaxSeqsPerLaunch = 128;
 struct KVSeqs {
   KVSeq s[kMaxSeqsPerLaunch];
   int n = 0;

@@ -8,11 +8,6 @@ namespace mb::cuda {
 
 namespace {
 
-__device__ __forceinline__ float gelu_tanh_f(float x) {
-  const float k = 0.7978845608028654f;  // sqrt(2/pi), as torch's gelu(approximate="tanh")
-  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
 __global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale, float* out) {
   pdl_begin();
   const int64_t i = blockIdx.y;
@@ -87,14 +82,14 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
 __global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = gelu_tanh_f(g[i]) * u[i];
+    o[i] = gelu_tanh(g[i]) * u[i];
 }
 __global__ void k_gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act) {
   pdl_begin();
   const int64_t n = pairs * I;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = i / I, c = i % I;
-    act[i] = gelu_tanh_f(h[p * 2 * I + c]) * h[p * 2 * I + I + c];
+    act[i] = gelu_tanh(h[p * 2 * I + c]) * h[p * 2 * I + I + c];
   }
 }
 __global__ void k_add(const float* a, const float* b, float* o, int64_t n) {

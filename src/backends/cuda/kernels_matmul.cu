@@ -276,11 +276,6 @@ __device__ __forceinline__ int64_t pick_rows(const MultiArgs& a, int i) {
 
 constexpr int kPlain = 0, kGlu = 1, kGeluTimes = 2;
 
-__device__ __forceinline__ float gelu_tanh_d(float g) {
-  const float kk = 0.7978845608028654f;  // gelu(approximate="tanh"), as torch
-  return 0.5f * g * (1.f + tanhf(kk * (g + 0.044715f * g * g * g)));
-}
-
 // A warp takes rows v, v + stride, ... of the weights' rows laid end to end (GLU: that row of
 // both); the grid is at most gemv_resident_waves() times what the GPU holds at once, so warps stay
 // resident instead of a block retiring and launching per 8 rows.
@@ -325,9 +320,9 @@ __global__ void __launch_bounds__(kWarps * 32) k_gemv_multi(MultiArgs a) {
     for (int j = 0; j < NX; ++j) {
       if (j >= a.n) break;
       if (GLU) {
-        a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * acc[ND - 1][j];
+        a.y[0][j * a.total_rows + v] = gelu_tanh(acc[0][j]) * acc[ND - 1][j];
       } else if (MODE == kGeluTimes) {
-        a.y[0][j * a.total_rows + v] = gelu_tanh_d(acc[0][j]) * a.m[j * a.total_rows + v];
+        a.y[0][j * a.total_rows + v] = gelu_tanh(acc[0][j]) * a.m[j * a.total_rows + v];
       } else {
         pick_y(a, wi)[j * pick_rows(a, wi) + row] = acc[0][j];
       }

@@ -1,0 +1,412 @@
+// Products of block-quantized weights (Q8_0, Q4_0) with more activation rows than a GEMV serves -
+// batched decode, MoE experts - on the tensor cores: int8 mma.sync straight from the weights as
+// they are stored, the activations quantized to int8 blocks of 32 as the GEMV takes them, each
+// block's exact int32 sum scaled by its two block scales.
+//
+// Hand-written because no library does it: cuBLAS(Lt) has no block-quantized types, so its path
+// needs a bf16 copy of every weight and streams 3.5x (Q4_0) the bytes per step; and MoE experts
+// need a grouped product whose groups (tokens per expert) exist only on the device.
+//
+// Shapes. The activations are tiled for the mma's B operand (tile_x): rows in groups of 8, and per
+// (group, block of 32) 256 bytes in fragment order - lane l holds row l/4's elements 4(l%4)..+3 in
+// its first word and 16+4(l%4)..+3 in its second - so that a chunk of blocks is one contiguous
+// run per group to stage in shared memory and a fragment one 8-byte load from there; the block
+// scales d as [group][block][8 rows]. A CUDA block computes 64
+// weight rows (16 a warp: one m16n8k32 A fragment) against NJ groups of 8 activation rows.
+#include <algorithm>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace mb::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kTileRows = 16 * kWarps;  // weight rows a block computes
+constexpr int kMaxGroups = 8;           // activation groups of 8 a block computes (NJ)
+// Blocks of 32 whose weights a warp loads before its products (8 for one or two groups was
+// slower: E4B Q4_0 at 8 streams 811 against 970 tok/s), and blocks of 32 of activations per
+// shared-memory stage: two such batches.
+constexpr int kUnroll = 4;
+constexpr int kChunk = 2 * kUnroll;
+
+// x row src[r] / div (src null: r when r < n) quantized as quantize32 does, into row r of the
+// tiled layout; rows without a source are zeros (their products are 0 and never written out).
+__global__ void k_tile_x(const float* x, int64_t k, int64_t n, const int32_t* src, int div, int8_t* q, float* d) {
+  pdl_begin();
+  const int64_t nkb = k / 32, r = blockIdx.x, g = r / 8;
+  const int t = int(r % 8), lane = threadIdx.x % 32;
+  int64_t sr = r < n ? r : -1;
+  if (src) sr = src[r] < 0 ? -1 : src[r] / div;
+  const int slot = t * 4 + (lane % 16) / 4, word = lane / 16;
+  for (int64_t kb = threadIdx.x / 32; kb < nkb; kb += blockDim.x / 32) {
+    const float v = sr >= 0 ? x[sr * k + kb * 32 + lane] : 0.f;
+    const float amax = warp_max(fabsf(v));
+    const float dd = amax / 127.f;
+    q[((g * nkb + kb) * 32 + slot) * 8 + word * 4 + lane % 4] = int8_t(amax == 0.f ? 0 : __float2int_rn(v / dd));
+    if (lane == 0) d[(g * nkb + kb) * 8 + t] = dd;
+  }
+}
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], int2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+
+// The A fragment of block kb of weight rows ra (fragment rows 0-7) and rb = ra + 8, with their
+// scales: a[0]/a[2] elements 4c..4c+3 and 16+4c..+3 of ra (c = lane % 4), a[1]/a[3] those of rb.
+template <WType T>
+struct Frag {
+  uint32_t a[4];
+  float sa, sb;
+};
+template <WType T>
+__device__ __forceinline__ Frag<T> load_a(const GpuWeight& w, int64_t ra, int64_t rb, int64_t nb, int64_t kb,
+                                          int c) {
+  Frag<T> f;
+  if constexpr (T == WType::Q4_0) {
+    // Byte j of a block holds element j (low nibble) and j + 16 (high): one word gives both halves.
+    const uint8_t* qs = static_cast<const uint8_t*>(w.qs);
+    const uint32_t va = *reinterpret_cast<const uint32_t*>(qs + (ra * nb + kb) * 16 + 4 * c);
+    const uint32_t vb = *reinterpret_cast<const uint32_t*>(qs + (rb * nb + kb) * 16 + 4 * c);
+    f.a[0] = __vsubss4(va & 0x0F0F0F0Fu, 0x08080808u);
+    f.a[2] = __vsubss4((va >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    f.a[1] = __vsubss4(vb & 0x0F0F0F0Fu, 0x08080808u);
+    f.a[3] = __vsubss4((vb >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+  } else {
+    const int8_t* qs = static_cast<const int8_t*>(w.qs);
+    const int8_t* pa = qs + (ra * nb + kb) * 32 + 4 * c;
+    const int8_t* pb = qs + (rb * nb + kb) * 32 + 4 * c;
+    f.a[0] = *reinterpret_cast<const uint32_t*>(pa);
+    f.a[2] = *reinterpret_cast<const uint32_t*>(pa + 16);
+    f.a[1] = *reinterpret_cast<const uint32_t*>(pb);
+    f.a[3] = *reinterpret_cast<const uint32_t*>(pb + 16);
+  }
+  f.sa = half_f32(w.scale[ra * nb + kb]);
+  f.sb = half_f32(w.scale[rb * nb + kb]);
+  return f;
+}
+
+struct Args {
+  GpuWeight w[3];
+  int nw = 1;
+  int64_t rows = 0;  // dense: the weights' rows end to end; experts: rows of one expert
+  const int2* xq = nullptr;
+  const float* xd = nullptr;
+  int64_t nkb = 0;
+  int64_t n = 0, groups = 0;                 // dense: activation rows, their groups of 8
+  const int4* tiles = nullptr;               // experts: (expert, first tiled row, rows) per tile
+  const int32_t* n_tiles = nullptr;
+  const int32_t* row_out = nullptr;          // experts: tiled row -> output row (-1: padding)
+  int64_t kb_per_split = 0;
+  float* part = nullptr;  // [splits][n][rows] partial sums (null: write y)
+  float* y[3] = {nullptr, nullptr, nullptr};
+};
+
+__device__ __forceinline__ const GpuWeight& pick_w(const Args& a, int i) {
+  return i == 0 ? a.w[0] : i == 1 ? a.w[1] : a.w[2];
+}
+__device__ __forceinline__ float* pick_y(const Args& a, int i) { return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2]; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// grid: (rows / 64, token tiles (dense) or the most tiles the experts can have, K splits). The
+// activations of a chunk of blocks are copied to shared memory (cp.async, the next chunk's
+// while this one's products run): read from global memory, each block's B fragments were a
+// memory round trip per block of 32 that nothing else covered.
+template <WType T, int NJ>
+__global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
+  __shared__ __align__(16) int2 sq[2][NJ * kChunk * 32];
+  __shared__ __align__(16) float sd[2][NJ * kChunk * 8];
+  pdl_begin();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, c = lane % 4;
+  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;  // in the rows' space
+  int wi = 0;
+  int64_t wrow = tile_row;  // the tile's first row in weight wi
+  int64_t g0;
+  int ng;
+  if (a.tiles) {
+    if (int(blockIdx.y) >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    wrow += int64_t(t.x) * a.rows;
+    g0 = t.y / 8;
+    ng = (t.z + 7) / 8;
+  } else {
+    while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
+    g0 = int64_t(blockIdx.y) * NJ;
+    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  }
+  const GpuWeight& w = pick_w(a, wi);
+  const int64_t nb = w.cols / 32;
+  const int64_t ra = wrow + warp * 16 + gr, rb = ra + 8;
+  const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
+  float acc[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  // The activations of blocks [kb, kb + kc) of every group into buffer `buf`: per group kc * 256
+  // bytes of quants and kc * 32 of scales, each a contiguous run in the tiled layout.
+  auto stage = [&](int buf, int64_t kb) {
+    const int kc = int(kb1 - kb < kChunk ? kb1 - kb : kChunk);
+    for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
+      const int j = i / (kc * 16), r = i % (kc * 16);
+      cp_async16(reinterpret_cast<char*>(&sq[buf][j * kChunk * 32]) + r * 16,
+                 reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
+    }
+    for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
+      const int j = i / (kc * 2), r = i % (kc * 2);
+      cp_async16(reinterpret_cast<char*>(&sd[buf][j * kChunk * 8]) + r * 16,
+                 reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
+    }
+    cp_async_commit();
+  };
+  if (kb0 < kb1) stage(0, kb0);
+  int buf = 0;
+  for (int64_t kb = kb0; kb < kb1; kb += kChunk, buf ^= 1) {
+    const int kc = int(kb1 - kb < kChunk ? kb1 - kb : kChunk);
+    Frag<T> f[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (u < kc) f[u] = load_a<T>(w, ra, rb, nb, kb + u, c);
+    if (kb + kChunk < kb1) {
+      stage(buf ^ 1, kb + kChunk);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    for (int u0 = 0; u0 < kc; u0 += kUnroll) {
+      Frag<T> fn[kUnroll];  // the next blocks' weights, in flight while these blocks' products run
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (u0 + kUnroll + u < kc) fn[u] = load_a<T>(w, ra, rb, nb, kb + u0 + kUnroll + u, c);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u0 + u >= kc) break;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          if (j >= ng) break;
+          const int at = j * kChunk + u0 + u;
+          const int2 b = sq[buf][at * 32 + lane];
+          const float2 s = *reinterpret_cast<const float2*>(&sd[buf][at * 8 + 2 * c]);
+          int p[4] = {0, 0, 0, 0};
+          mma_s8(p, f[u].a, b);
+          acc[j][0] += float(p[0]) * (f[u].sa * s.x);
+          acc[j][1] += float(p[1]) * (f[u].sa * s.y);
+          acc[j][2] += float(p[2]) * (f[u].sb * s.x);
+          acc[j][3] += float(p[3]) * (f[u].sb * s.y);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) f[u] = fn[u];
+    }
+    __syncthreads();  // the buffer is staged again two chunks on
+  }
+  // Fragment element e of group j: weight row (e < 2 ? ra : rb), activation row 8 (g0 + j) + 2c + e % 2.
+  const int64_t lr = tile_row + warp * 16 + gr;  // ra's row in the rows' space
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (j >= ng) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t tr = (g0 + j) * 8 + 2 * c + e % 2;  // tiled activation row
+      const int64_t dr = e < 2 ? 0 : 8;
+      if (a.tiles) {
+        const int32_t o = a.row_out[tr];
+        if (o >= 0) a.y[0][int64_t(o) * a.rows + lr + dr] = acc[j][e];
+      } else if (tr < a.n) {
+        if (a.part)
+          a.part[(int64_t(blockIdx.z) * a.n + tr) * a.rows + lr + dr] = acc[j][e];
+        else
+          pick_y(a, wi)[tr * w.rows + ra + dr] = acc[j][e];
+      }
+    }
+  }
+}
+
+// The K splits' partial sums into the outputs: plain (each weight its own y), GLU (y[0] =
+// gelu_tanh(gate) * up, the weights being gate and up), gelu-times (y[0] = gelu_tanh(s) * m).
+__global__ void k_mmq_reduce(Args a, int splits, int mode, const float* m) {
+  pdl_begin();
+  const int64_t out_rows = mode == 1 ? a.w[0].rows : a.rows;
+  const int64_t total = a.n * out_rows;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / out_rows, r = i % out_rows;
+    float s = 0.f, u = 0.f;
+    for (int z = 0; z < splits; ++z) {
+      const float* p = a.part + (int64_t(z) * a.n + t) * a.rows;
+      s += p[r];
+      if (mode == 1) u += p[out_rows + r];
+    }
+    if (mode == 1) {
+      a.y[0][i] = gelu_tanh(s) * u;
+    } else if (mode == 2) {
+      a.y[0][i] = gelu_tanh(s) * m[i];
+    } else {
+      int wi = 0;
+      int64_t rr = r;
+      while (wi + 1 < a.nw && rr >= pick_w(a, wi).rows) rr -= pick_w(a, wi++).rows;
+      pick_y(a, wi)[t * pick_w(a, wi).rows + rr] = s;
+    }
+  }
+}
+
+template <WType T, int NJ>
+void launch_nj(const Args& a, dim3 grid, cudaStream_t st) {
+  launch_kernel(k_mmq<T, NJ>, grid, kWarps * 32, 0, st, a);
+}
+template <WType T>
+void launch_t(const Args& a, int nj, dim3 grid, cudaStream_t st) {
+  if (nj == 1)
+    launch_nj<T, 1>(a, grid, st);
+  else if (nj == 2)
+    launch_nj<T, 2>(a, grid, st);
+  else if (nj <= 4)
+    launch_nj<T, 4>(a, grid, st);
+  else
+    launch_nj<T, 8>(a, grid, st);
+}
+void launch(const Args& a, WType t, int nj, dim3 grid, cudaStream_t st) {
+  if (t == WType::Q4_0)
+    launch_t<WType::Q4_0>(a, nj, grid, st);
+  else
+    launch_t<WType::Q8_0>(a, nj, grid, st);
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return std::max(sms, 1);
+  }();
+  return n;
+}
+
+int groups_per_tile(int64_t groups) {
+  return groups <= 1 ? 1 : groups <= 2 ? 2 : groups <= 4 ? 4 : kMaxGroups;
+}
+
+__global__ void k_moe_tiles(const int32_t* experts, int64_t pairs, int E, int64_t tiled_rows, int tile_rows,
+                            int32_t* row_pair, int4* tiles, int32_t* n_tiles) {
+  pdl_begin();
+  extern __shared__ int sm[];
+  int *count = sm, *first = sm + E, *cursor = sm + 2 * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = cursor[e] = 0;
+  for (int64_t r = threadIdx.x; r < tiled_rows; r += blockDim.x) row_pair[r] = -1;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[experts[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int row = 0, nt = 0;
+    for (int e = 0; e < E; ++e) {
+      first[e] = row;
+      for (int t = 0; t < count[e]; t += tile_rows) tiles[nt++] = make_int4(e, row + t, min(tile_rows, count[e] - t), 0);
+      row += (count[e] + 7) / 8 * 8;
+    }
+    *n_tiles = nt;
+  }
+  __syncthreads();
+  // Rows within an expert land in any order: each output row's arithmetic does not depend on it.
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int e = experts[p];
+    row_pair[first[e] + atomicAdd(&cursor[e], 1)] = int32_t(p);
+  }
+}
+
+}  // namespace
+
+bool mmq_supports(const GpuWeight& w) {
+  return (w.type == WType::Q4_0 || w.type == WType::Q8_0) && w.rows % kTileRows == 0 && w.cols % 32 == 0;
+}
+
+int64_t tiled_x_rows(int64_t n) { return (n + 7) / 8 * 8; }
+
+void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
+            cudaStream_t st) {
+  if (rows == 0) return;
+  launch_kernel(k_tile_x, unsigned(rows), 256, 0, st, x, k, n, src, div, q, d);
+  check_launch("tile activations");
+}
+
+int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n) {
+  int64_t rows = 0;
+  for (int i = 0; i < nw; ++i) rows += ws[i].rows;
+  const int64_t groups = (n + 7) / 8, nj = groups_per_tile(groups);
+  const int64_t blocks = rows / kTileRows * ((groups + nj - 1) / nj);
+  const int64_t nb = ws[0].cols / 32;
+  // Enough blocks for two a multiprocessor; each split at least 8 blocks of 32.
+  const int64_t want = (2 * sm_count() + blocks - 1) / blocks;
+  return std::max<int64_t>(1, std::min<int64_t>(want, nb / 8));
+}
+
+void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
+         const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st) {
+  if (n == 0) return;
+  Args a;
+  a.nw = nw;
+  for (int i = 0; i < nw; ++i) {
+    a.w[i] = ws[i];
+    a.rows += ws[i].rows;
+    a.y[i] = ys[mode == MmqMode::Plain ? i : 0];
+  }
+  a.xq = reinterpret_cast<const int2*>(xq);
+  a.xd = xd;
+  a.nkb = ws[0].cols / 32;
+  a.n = n;
+  a.groups = (n + 7) / 8;
+  a.kb_per_split = ((a.nkb + splits - 1) / splits + 3) / 4 * 4;  // whole quads of blocks
+  const bool direct = splits == 1 && mode == MmqMode::Plain;
+  a.part = direct ? nullptr : part;
+  const int nj = groups_per_tile(a.groups);
+  const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
+  launch(a, ws[0].type, nj, grid, st);
+  check_launch("mmq");
+  if (direct) return;
+  const int64_t out = n * (mode == MmqMode::Glu ? ws[0].rows : a.rows);
+  const int64_t blocks = std::min<int64_t>((out + 255) / 256, 8 * int64_t(sm_count()));
+  launch_kernel(k_mmq_reduce, unsigned(blocks), 256, 0, st, a, int(splits), int(mode), m);
+  check_launch("mmq reduce");
+}
+
+int64_t moe_tiled_rows(int64_t pairs, int64_t E) { return tiled_x_rows(pairs + 7 * std::min(pairs, E)); }
+int64_t moe_max_tiles(int64_t pairs, int64_t E) {
+  return std::min(pairs, (pairs + kMaxGroups * 8 - 1) / (kMaxGroups * 8) + E);
+}
+
+void moe_tiles(const int32_t* experts, int64_t pairs, int64_t E, int32_t* row_pair, int32_t* tiles, int32_t* n_tiles,
+               cudaStream_t st) {
+  launch_kernel(k_moe_tiles, 1u, 1024, size_t(3 * E) * sizeof(int), st, experts, pairs, int(E),
+                moe_tiled_rows(pairs, E), kMaxGroups * 8, row_pair, reinterpret_cast<int4*>(tiles), n_tiles);
+  check_launch("moe tiles");
+}
+
+void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, const float* xd, const int32_t* tiles,
+                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, float* y, cudaStream_t st) {
+  if (max_tiles == 0) return;
+  Args a;
+  a.w[0] = w;
+  a.rows = rows_per_expert;
+  a.xq = reinterpret_cast<const int2*>(xq);
+  a.xd = xd;
+  a.nkb = w.cols / 32;
+  a.tiles = reinterpret_cast<const int4*>(tiles);
+  a.n_tiles = n_tiles;
+  a.row_out = row_pair;
+  a.kb_per_split = a.nkb;
+  a.y[0] = y;
+  launch(a, w.type, kMaxGroups, dim3(unsigned(rows_per_expert / kTileRows), unsigned(max_tiles), 1u), st);
+  check_launch("mmq experts");
+}
+
+}  // namespace mb::cuda
