@@ -295,7 +295,10 @@ class CudaBackend final : public Backend {
     w.qs = t.data;
     // Lookup-only tensors may be activations a caller uploads (tests) and ops write in place.
     w.fixed = use != WeightUse::Lookup;
-    if (use != WeightUse::Lookup && is_quantized(w.type) && want_bf16_copy(size_t(rows * cols) * 2)) {
+    // Stacked experts (rank 3) get none: their products are the GEMV's or the grouped kernels',
+    // which read the blocks (26B-A4B: ~46 GB of copies that nothing read).
+    if (use != WeightUse::Lookup && is_quantized(w.type) && src.rank() < 3 &&
+        want_bf16_copy(size_t(rows * cols) * 2)) {
       // A bf16 copy for the products of many rows (prefill, large batches), which cuBLAS runs on
       // tensor cores; decode's few rows stream the compact blocks.
       Tensor copy = alloc(DType::BF16, {rows, cols});
