@@ -540,15 +540,18 @@ struct EnvOverride {
   }
 };
 
+// A second GPU backend made while `name` is set to `value` (a backend reads its switches when it
+// is made).
+std::unique_ptr<Backend> gpu_with(const char* name, const char* value) {
+  EnvOverride env(name, value);
+  return make_gpu();
+}
+
 // Block-type weights without their bf16 copy, as large models get them when the GPU would be too
 // full for one (docs/cuda.md; MARKBASE_CUDA_BF16_COPIES=0 forces it on a backend made after it is
 // set): products of many rows dequantize slabs of rows instead.
 TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
-  std::unique_ptr<Backend> nocopy;
-  {
-    EnvOverride off("MARKBASE_CUDA_BF16_COPIES", "0");
-    nocopy = make_gpu();
-  }
+  const std::unique_ptr<Backend> nocopy = gpu_with("MARKBASE_CUDA_BF16_COPIES", "0");
   std::mt19937 rng(17);
   for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     for (auto [k, m] : {std::pair<int64_t, int64_t>{2560, 2048}, {768, 333}})
@@ -797,11 +800,7 @@ TEST_F(CudaOps, MoeGatedExperts) {
 // alone, up to the order of float additions - far tighter than the CPU comparison.
 TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   constexpr double kTolSame = 1e-4;
-  std::unique_ptr<Backend> mmq;
-  {
-    EnvOverride all("MARKBASE_CUDA_MMQ_ROWS", "1024");
-    mmq = make_gpu();
-  }
+  const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
   Backend& be = *mmq;
   std::mt19937 rng(21);
   struct Shape {
@@ -855,11 +854,7 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
 // the wrong expert or row would be off by the output's whole size.
 TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
   constexpr double kTolSame = 5e-3;
-  std::unique_ptr<Backend> pairwise;
-  {
-    EnvOverride off("MARKBASE_CUDA_MMQ_PAIRS", "0");
-    pairwise = make_gpu();
-  }
+  const std::unique_ptr<Backend> pairwise = gpu_with("MARKBASE_CUDA_MMQ_PAIRS", "0");
   std::mt19937 rng(22);
   struct Case {
     int64_t E, H, I;
