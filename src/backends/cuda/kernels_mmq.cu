@@ -305,7 +305,9 @@ __global__ void k_moe_tiles(const int32_t* experts, int64_t pairs, int E, int64_
   for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = cursor[e] = 0;
   for (int64_t r = threadIdx.x; r < tiled_rows; r += blockDim.x) row_pair[r] = -1;
   __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[experts[p]], 1);
+  // An expert id out of range (not route_topk's) is left out rather than written past the counts.
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x)
+    if (experts[p] >= 0 && experts[p] < E) atomicAdd(&count[experts[p]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     int row = 0, nt = 0;
@@ -320,7 +322,7 @@ __global__ void k_moe_tiles(const int32_t* experts, int64_t pairs, int E, int64_
   // Rows within an expert land in any order: each output row's arithmetic does not depend on it.
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     const int e = experts[p];
-    row_pair[first[e] + atomicAdd(&cursor[e], 1)] = int32_t(p);
+    if (e >= 0 && e < E) row_pair[first[e] + atomicAdd(&cursor[e], 1)] = int32_t(p);
   }
 }
 
