@@ -564,7 +564,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) std::memcpy(dst.f32() + i * w, src.f32() + i * c + begin, size_t(w) * 4);
   }
 
-  // In place: the rows are host memory already (the base class copies them out first).
+  // In place: the rows are host memory already.
   void argmax_rows(const Tensor& x, Tensor& ids) override {
     check_f32(x, "argmax_rows", "x");
     MB_CHECK(ids.dtype == DType::I32 && ids.numel() > 0 && x.numel() % ids.numel() == 0,

@@ -691,9 +691,9 @@ class CudaBackend final : public Backend {
     // 128 experts) the pair-by-pair GEMV was faster (4.6 against 7.0 ms a step); a prompt of 512
     // (32 an expert) is 6x faster in tiles.
     const int64_t min_pairs = mmq_pairs_ >= 0 ? mmq_pairs_ : 2 * E;
-    if (mmq_rows_ != 0 && mmq_pairs_ != 0 && pairs >= min_pairs && mmq_supports(gu) && mmq_supports(dn) &&
-        I2 % 64 == 0 && H % 64 == 0 && I % 32 == 0)
-      return grouped_experts(x, gu, dn, I, weights, experts, out);
+    if (mmq_pairs_ != 0 && pairs >= min_pairs && mmq_supports(gu) && mmq_supports(dn) && I2 % 64 == 0 &&
+        H % 64 == 0 && I % 32 == 0)
+      return grouped_experts(x, gu, dn, E, I, weights, experts, out);
     Tensor h = scratch(DType::F32, {pairs, I2});
     Tensor q, d, s;
     QuantX xq{};
@@ -712,9 +712,9 @@ class CudaBackend final : public Backend {
 
   // Many token-expert pairs: sorted into per-expert tiles on the device, each expert's weights read
   // once per tile of up to 64 pairs (the pair-by-pair GEMV reads them once per pair).
-  void grouped_experts(const Tensor& x, const GpuWeight& gu, const GpuWeight& dn, int64_t I, const Tensor& weights,
-                       const Tensor& experts, Tensor& out) {
-    const int64_t n = x.rows(), H = x.cols(), E = gu.rows / (2 * I), k = weights.cols(), pairs = n * k;
+  void grouped_experts(const Tensor& x, const GpuWeight& gu, const GpuWeight& dn, int64_t E, int64_t I,
+                       const Tensor& weights, const Tensor& experts, Tensor& out) {
+    const int64_t n = x.rows(), H = x.cols(), k = weights.cols(), pairs = n * k;
     const int64_t rows = moe_tiled_rows(pairs, E), max_tiles = moe_max_tiles(pairs, E);
     Tensor row_pair = scratch(DType::I32, {rows}), tiles = scratch(DType::I32, {max_tiles * 4});
     Tensor n_tiles = scratch(DType::I32, {1});
@@ -955,7 +955,7 @@ class CudaBackend final : public Backend {
 
   // More rows than the GEMV takes, of Q8_0/Q4_0 weights: the tensor-core kernels read the blocks as
   // they are. Where a bf16 copy lets cuBLAS run, cuBLAS is faster still at every row count measured
-  // (E4B Q4_0 on an H200, tok/s at 8/16/32/64/128 streams: 973/1,806/2,916/4,286/5,630 against
+  // (E4B Q4_0 on an H200, tok/s at 8/16/32/64/128 streams: 970/1,806/2,916/4,286/5,630 against
   // 1,320/2,541/4,749/7,872/12,003), so by default only weights without one take them (instead of
   // dequantizing slabs of rows for cuBLAS); MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most
   // N rows there, 0 none.

@@ -73,13 +73,20 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Activation e of a block of 32 held one per lane (lane = e % 32) to int8: symmetric, scale
-// amax / 127; s = d * sum(q) (the offset term of unsigned weight nibbles). quantize_x and the norms
-// that quantize what they write share it, so a GEMV's input is the same either way.
-__device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s) {
+// A block of 32 activations held one per lane to int8: symmetric, scale d = amax / 127. Every
+// path that quantizes activations (quantize_x, the norms that quantize what they write, the
+// tensor-core products' tile_x) goes through it, so a row's int8 input is the same on each.
+__device__ __forceinline__ int quantize_lane(float v, float& d) {
   const float amax = warp_max(fabsf(v));
-  const float dd = amax / 127.f;
-  const int qi = amax == 0.f ? 0 : __float2int_rn(v / dd);
+  d = amax / 127.f;
+  return amax == 0.f ? 0 : __float2int_rn(v / d);
+}
+
+// Activation e of a block of 32 held one per lane (lane = e % 32) to int8 (quantize_lane) with
+// s = d * sum(q) (the offset term of unsigned weight nibbles).
+__device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s) {
+  float dd;
+  const int qi = quantize_lane(v, dd);
   q[e] = int8_t(qi);
   const float qs = warp_sum(float(qi));
   if (threadIdx.x % 32 == 0) {

@@ -31,7 +31,7 @@ constexpr int kMaxGroups = 8;           // activation groups of 8 a block comput
 constexpr int kUnroll = 4;
 constexpr int kChunk = 2 * kUnroll;
 
-// x row src[r] / div (src null: r when r < n) quantized as quantize32 does, into row r of the
+// x row src[r] / div (src null: r when r < n) quantized by quantize_lane, into row r of the
 // tiled layout; rows without a source are zeros (their products are 0 and never written out).
 __global__ void k_tile_x(const float* x, int64_t k, int64_t n, const int32_t* src, int div, int8_t* q, float* d) {
   pdl_begin();
@@ -42,9 +42,8 @@ __global__ void k_tile_x(const float* x, int64_t k, int64_t n, const int32_t* sr
   const int slot = t * 4 + (lane % 16) / 4, word = lane / 16;
   for (int64_t kb = threadIdx.x / 32; kb < nkb; kb += blockDim.x / 32) {
     const float v = sr >= 0 ? x[sr * k + kb * 32 + lane] : 0.f;
-    const float amax = warp_max(fabsf(v));
-    const float dd = amax / 127.f;
-    q[((g * nkb + kb) * 32 + slot) * 8 + word * 4 + lane % 4] = int8_t(amax == 0.f ? 0 : __float2int_rn(v / dd));
+    float dd;
+    q[((g * nkb + kb) * 32 + slot) * 8 + word * 4 + lane % 4] = int8_t(quantize_lane(v, dd));
     if (lane == 0) d[(g * nkb + kb) * 8 + t] = dd;
   }
 }
@@ -236,9 +235,10 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
 
 // The K splits' partial sums into the outputs: plain (each weight its own y), GLU (y[0] =
 // gelu_tanh(gate) * up, the weights being gate and up), gelu-times (y[0] = gelu_tanh(s) * m).
-__global__ void k_mmq_reduce(Args a, int splits, int mode, const float* m) {
+__global__ void k_mmq_reduce(Args a, int splits, MmqMode mode, const float* m) {
   pdl_begin();
-  const int64_t out_rows = mode == 1 ? a.w[0].rows : a.rows;
+  const bool glu = mode == MmqMode::Glu;
+  const int64_t out_rows = glu ? a.w[0].rows : a.rows;
   const int64_t total = a.n * out_rows;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / out_rows, r = i % out_rows;
@@ -246,11 +246,11 @@ __global__ void k_mmq_reduce(Args a, int splits, int mode, const float* m) {
     for (int z = 0; z < splits; ++z) {
       const float* p = a.part + (int64_t(z) * a.n + t) * a.rows;
       s += p[r];
-      if (mode == 1) u += p[out_rows + r];
+      if (glu) u += p[out_rows + r];
     }
-    if (mode == 1) {
+    if (glu) {
       a.y[0][i] = gelu_tanh(s) * u;
-    } else if (mode == 2) {
+    } else if (mode == MmqMode::GeluTimes) {
       a.y[0][i] = gelu_tanh(s) * m[i];
     } else {
       int wi = 0;
@@ -377,7 +377,7 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
   if (direct) return;
   const int64_t out = n * (mode == MmqMode::Glu ? ws[0].rows : a.rows);
   const int64_t blocks = std::min<int64_t>((out + 255) / 256, 8 * int64_t(sm_count()));
-  launch_kernel(k_mmq_reduce, unsigned(blocks), 256, 0, st, a, int(splits), int(mode), m);
+  launch_kernel(k_mmq_reduce, unsigned(blocks), 256, 0, st, a, int(splits), mode, m);
   check_launch("mmq reduce");
 }
 
