@@ -272,9 +272,11 @@ std::vector<float> inv_freq_of(int64_t hd, int64_t rotated_pairs, float theta) {
   return f;
 }
 
+// Widths on each side of the register-resident kernels' limits: not a multiple of 4 (66), of 4 but
+// not of 32 (100), 1 to 4 float4s a thread (2,560: E4B; 5,376: 31B; 8,192), and past them (8,200).
 TEST_F(CudaOps, RmsNormWithAndWithoutWeightBothFlavours) {
   std::mt19937 rng(2);
-  for (int64_t d : {64, 256, 640, 2560}) {
+  for (int64_t d : {64, 66, 100, 256, 640, 2560, 5376, 8192, 8200}) {
     const int64_t n = 37;
     const auto x = randn(size_t(n * d), rng, 3.f), w = randn(size_t(d), rng, 0.5f);
     const Tensor wc = upload(cpu(), {d}, w), wg = upload(gpu(), {d}, w);
@@ -350,7 +352,7 @@ TEST_F(CudaOps, RopeFollowsArraysChangedInPlace) {
 
 TEST_F(CudaOps, AddRmsNormWithScale) {
   std::mt19937 rng(5);
-  for (int64_t d : {64, 640, 2560}) {
+  for (int64_t d : {64, 66, 640, 2560, 5376, 8200}) {
     const int64_t n = 19;
     const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), w = randn(size_t(d), rng, 0.5f);
     const Tensor wc = upload(cpu(), {d}, w), wg = upload(gpu(), {d}, w);
@@ -364,6 +366,16 @@ TEST_F(CudaOps, AddRmsNormWithScale) {
           check("add_rms_norm d=" + std::to_string(d) + " scale=" + std::to_string(scale).substr(0, 4) +
                     (weighted ? " w" : " no-w") + (add_one ? " 1+w" : ""),
                 download(cpu(), xc), download(gpu(), xg), kTolF32);
+          // add_rms_norm_norm: the same x, and y = the next norm of it (its own weight, or none).
+          Tensor xc2 = upload(cpu(), {n, d}, x), xg2 = upload(gpu(), {n, d}, x);
+          Tensor bc2 = upload(cpu(), {n, d}, br), bg2 = upload(gpu(), {n, d}, br);
+          Tensor yc = poisoned(cpu(), {n, d}), yg = poisoned(gpu(), {n, d});
+          cpu().add_rms_norm_norm(xc2, bc2, weighted ? &wc : nullptr, 1e-6f, add_one, scale, weighted ? nullptr : &wc,
+                                  yc);
+          gpu().add_rms_norm_norm(xg2, bg2, weighted ? &wg : nullptr, 1e-6f, add_one, scale, weighted ? nullptr : &wg,
+                                  yg);
+          check("add_rms_norm_norm x d=" + std::to_string(d), download(cpu(), xc2), download(gpu(), xg2), kTolF32);
+          check("add_rms_norm_norm y d=" + std::to_string(d), download(cpu(), yc), download(gpu(), yg), kTolF32);
         }
   }
 }
@@ -1166,6 +1178,57 @@ TEST_F(CudaOps, AttentionOneSequencePrefillThenDecode) {
     guarded("attention one-seq " + c.label(),
             [&] { compare_attention(cpu(), gpu(), c, steps, "one-seq", c.bf16_inputs ? kTolMat : 2 * kTolMat); });
   }
+}
+
+// The key splits of decode rows are merged by the last split block of each row to finish; with
+// MARKBASE_CUDA_DEBUG=16 by a second kernel, and with 8 as well, every row is split (prefill too).
+TEST_F(CudaOps, AttentionSplitsMergedEitherWay) {
+  const std::vector<Step> steps = {{{0, 0, 100}}, {{0, 100, 137}}, {{0, 237, 1}}, {{0, 238, 1}}};
+  for (const char* debug : {"8", "16", "24"}) {
+    const std::unique_ptr<Backend> g = gpu_with("MARKBASE_CUDA_DEBUG", debug);
+    for (const AttnConfig& c : {AttnConfig{8, 2, 256, 0, 0.f, 0.f, Layout::Paged},
+                                AttnConfig{16, 2, 512, 64, 50.f, 1.f, Layout::Ring},
+                                AttnConfig{4, 2, 16, 8, 0.f, 0.f, Layout::Ring}})
+      guarded(std::string("attention splits, debug ") + debug + " " + c.label(),
+              [&] { compare_attention(cpu(), *g, c, steps, std::string("debug-") + debug, kTolMat); });
+  }
+}
+
+// A decode row's attention output goes to a block-quantized product as the attention kernel
+// quantized it (one kernel less a layer); the product matches the CPU's.
+TEST_F(CudaOps, AttentionThenBlockMatmulUsesTheAttentionsQuantization) {
+  std::mt19937 rng(23);
+  const AttnConfig c{8, 2, 256, 0, 0.f, 0.f, Layout::Flat};
+  const int64_t m = 320;
+  const Weight w = random_weight(cpu(), gpu(), DType::Q4_0, {m, c.nh * c.hd}, rng);
+  const auto data = step_data(c, {{{0, 0, 60}}, {{0, 60, 1}}}, 9);
+  auto side = [&](Backend& be, const Tensor& wt) {
+    mb::KVStore kv;
+    kv.k = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
+    kv.v = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
+    kv.capacity = 61;
+    std::vector<int32_t> pos(61);
+    for (int i = 0; i < 61; ++i) pos[size_t(i)] = i;
+    std::vector<float> k_all(data[0].k), v_all(data[0].v);
+    k_all.insert(k_all.end(), data[1].k.begin(), data[1].k.end());
+    v_all.insert(v_all.end(), data[1].v.begin(), data[1].v.end());
+    Tensor k = upload(be, {61, c.nkv, c.hd}, k_all), v = upload(be, {61, c.nkv, c.hd}, v_all);
+    be.kv_write(kv, k, v, pos.data());
+    Tensor q = upload(be, {1, c.nh, c.hd}, data[1].q), out = poisoned(be, {1, c.nh, c.hd});
+    mb::AttentionParams ap;
+    ap.scale = 1.f / std::sqrt(float(c.hd));
+    be.attention(q, kv, pos.data() + 60, ap, out);
+    Tensor y = be.scratch(DType::F32, {1, m});
+    be.matmul(out.reshaped({1, c.nh * c.hd}), wt, y);
+    Tensor att = upload(be, {1, c.nh * c.hd}, download(be, out));  // the same values, quantized on their own
+    Tensor y_ref = be.scratch(DType::F32, {1, m});
+    be.matmul(att, wt, y_ref);
+    return std::make_pair(download(be, y), download(be, y_ref));
+  };
+  const auto [yc, yc_ref] = side(cpu(), w.c);
+  const auto [yg, yg_ref] = side(gpu(), w.g);
+  check("attention then Q4_0 matmul", yc, yg, kTolMat);
+  check("attention's own quantization vs quantize_x of its output", yg_ref, yg, 1e-6);
 }
 
 // Several sequences in one kv_write_batch + attention_batch call: decode rows (count 1) beside

@@ -82,6 +82,33 @@ __device__ __forceinline__ int quantize_lane(float v, float& d) {
   return amax == 0.f ? 0 : __float2int_rn(v / d);
 }
 
+// quantize32 for a block of 32 held four to a lane by 8 lanes (lanes 8g..8g+7 of a warp, element
+// e0 = the lane's first, a multiple of 4): the same numbers (the max and the integer sum do not
+// depend on the order they are formed in). Every lane of the warp calls it; lanes with !write
+// (past a row's end, in whole groups of 8) only take part in the shuffles.
+__device__ __forceinline__ void quantize32_quad(const float (&v)[4], int64_t e0, bool write, int8_t* q, float* d,
+                                                float* s) {
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float dd = amax / 127.f;
+  int qi[4];
+  float qs = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    qi[i] = amax == 0.f ? 0 : __float2int_rn(v[i] / dd);
+    qs += float(qi[i]);
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+  if (!write) return;
+  *reinterpret_cast<char4*>(q + e0) = make_char4(char(qi[0]), char(qi[1]), char(qi[2]), char(qi[3]));
+  if (threadIdx.x % 8 == 0) {
+    d[e0 / 32] = dd;
+    s[e0 / 32] = dd * qs;
+  }
+}
+
 // Activation e of a block of 32 held one per lane (lane = e % 32) to int8 (quantize_lane) with
 // s = d * sum(q) (the offset term of unsigned weight nibbles).
 __device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s) {

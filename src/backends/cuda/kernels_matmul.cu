@@ -376,13 +376,14 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
-// Blocks of k the GPU holds at once (the occupancy calculator's figure, asked once per kernel).
-template <class K> int64_t resident_blocks(K kernel) {
-  static const int64_t n = [&] {
+// Blocks of `Kernel` the GPU holds at once (the occupancy calculator's figure, asked once per
+// kernel: keyed by the kernel itself, as kernels of one signature differ in registers).
+template <auto Kernel> int64_t resident_blocks() {
+  static const int64_t n = [] {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kWarps * 32, 0);
     return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
   }();
   return n;
@@ -392,7 +393,7 @@ template <WType T, int NX, int MODE>
 void launch_multi_mode(const MultiArgs& a, cudaStream_t st) {
   int64_t grid = (a.total_rows + kWarps - 1) / kWarps;
   const int waves = gemv_resident_waves();
-  if (waves > 0) grid = std::min(grid, waves * resident_blocks(k_gemv_multi<T, NX, MODE>));
+  if (waves > 0) grid = std::min(grid, waves * resident_blocks<k_gemv_multi<T, NX, MODE>>());
   launch_kernel(k_gemv_multi<T, NX, MODE>, unsigned(grid), kWarps * 32, 0, st, a);
 }
 
