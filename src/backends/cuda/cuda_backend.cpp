@@ -179,16 +179,13 @@ class CudaBackend final : public Backend {
     // A fixed workspace, so that cuBLAS allocates nothing while a step is recorded.
     check(cudaMalloc(&blas_ws_, kBlasWorkspace), "allocating cuBLAS's workspace");
     check_blas(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), "setting the workspace");
-    check(cudaMalloc(&attn_counters_, kAttnCounters * sizeof(int)), "allocating attention's split counters");
-    check(cudaMemset(attn_counters_, 0, kAttnCounters * sizeof(int)), "zeroing attention's split counters");
     check_blas(cublasLtCreate(&lt_), "creating a cuBLASLt handle");
     graphs_on_ = env_int("MARKBASE_CUDA_GRAPHS", 1) != 0;
     bf16_copies_ = env_int("MARKBASE_CUDA_BF16_COPIES", -1);
     gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
     mmq_rows_ = env_int("MARKBASE_CUDA_MMQ_ROWS", -1);
     mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", -1);
-    // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always, 16 split
-    // merges in their own kernel.
+    // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
   }
@@ -209,7 +206,6 @@ class CudaBackend final : public Backend {
     cublasLtDestroy(lt_);
     cublasDestroy(blas_);
     cudaFree(blas_ws_);
-    cudaFree(attn_counters_);
     cudaEventDestroy(staged_);
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     cudaStreamDestroy(st_);
@@ -641,7 +637,6 @@ class CudaBackend final : public Backend {
              "attention: q {} over KV {} (head dims up to 512, a multiple of 8)", q.shape_str(), kv0.k.shape_str());
     const int64_t pf = attention_partial_floats(a);
     Tensor part = pf > 0 ? scratch(DType::F32, {pf}) : Tensor();
-    if (pf > 0 && attention_merge_counters(a) <= kAttnCounters && !(debug_ & 16)) a.counters = attn_counters_;
     // A decode step's attention output, quantized as it is written for the output projection.
     Tensor flat = out.reshaped({a.n_rows, a.n_heads * a.hd});
     const QuantOut qo = a.hd % 32 == 0 ? quantize_next(flat) : QuantOut{};
@@ -1121,10 +1116,6 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   std::map<std::array<int64_t, 4>, Plan> plans_;
   void* blas_ws_ = nullptr;
-  // Per (row, head group) arrival counts of attention's key splits, zero between launches (the
-  // last split to arrive resets its own): decode batches fit; larger ones merge in a second kernel.
-  static constexpr int64_t kAttnCounters = 1 << 16;
-  int* attn_counters_ = nullptr;
   bool graphs_on_ = true;
   int bf16_copies_ = -1;
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)

@@ -167,16 +167,12 @@ struct AttnArgs {
   float scale = 1.f, softcap = 0.f;
   int window = 0;
   int64_t max_keys = 0;  // keys any row reads at most (positions rounded up to a multiple of 256)
-  // attention_merge_counters(args) zeroed ints (left zeroed): the key splits merge in the attention
-  // kernel itself; null: in a second kernel.
-  int* counters = nullptr;
   QuantOut qo;  // q non-null (hd a multiple of 32): out also goes out quantized (quantize_x's numbers)
 };
 // out[n, nh, hd] = attention of q[n, nh, hd]; `partial` scratch for the key splits:
 // attention_partial_floats(args) floats.
 int64_t attention_splits(const AttnArgs& a);
 int64_t attention_partial_floats(const AttnArgs& a);
-int64_t attention_merge_counters(const AttnArgs& a);
 void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st);
 
 // ggml blocks of `block_bytes` (a half scale first, then qs_bytes of quants) into GpuWeight planes.
