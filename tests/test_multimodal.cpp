@@ -62,10 +62,18 @@ TEST_P(VisionSoftTokens, MatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VisionSoftTokens, ::testing::Values("mm_e2b_like", "mm_large_like"));
 
-// The 12B unified model's encoder-free embedders, from HF's merged patches and raw frames.
-TEST(UnifiedSoftTokens, MatchTransformers) {
+// The 12B unified model's encoder-free embedders, from HF's merged patches and raw frames: from
+// the checkpoint, and from llama.cpp's mmproj of it (tests/test_mmproj.cpp; its text part does not
+// convert, so another text GGUF of the same width hosts it).
+class UnifiedSoftTokens : public ::testing::TestWithParam<bool> {};
+
+TEST_P(UnifiedSoftTokens, MatchTransformers) {
   const std::string dir = mbtest::fixture("mm_unified_like");
-  std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(dir, {.load_multimodal = true});
+  const std::string gguf = mbtest::fixture("gguf/llama_cpp_mm");
+  std::shared_ptr<const mb::Checkpoint> ck =
+      GetParam() ? mb::open_checkpoint(gguf + "/mm_e2b_like.gguf",
+                                       {.load_multimodal = true, .mmproj = gguf + "/mm_unified_like.mmproj.gguf"})
+                 : mb::open_checkpoint(dir, {.load_multimodal = true});
   auto be = mb::make_cpu_backend();
   mb::gemma4_unified::UnifiedEmbedders emb(ck, *be);
   const auto ref = mbtest::read_json(dir + "/reference.json");
@@ -85,6 +93,9 @@ TEST(UnifiedSoftTokens, MatchTransformers) {
     EXPECT_LT(d.max_abs, 1e-4) << a["file"];
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Sources, UnifiedSoftTokens, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "MmprojGguf" : "Checkpoint"; });
 
 TEST(VisionEncoderErrors, TextOnlyCheckpointSaysItCannotReadImages) {
   std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(mbtest::fixture("moe_like"), {.load_multimodal = true});

@@ -30,6 +30,8 @@ struct SamplingParams {
 
 struct EngineOptions {
   std::string model_path;
+  std::string mmproj_path = {};  // a GGUF model's vision/audio towers: llama.cpp's mmproj GGUF ("" none)
+  int image_tokens = 0;  // soft tokens an image may become: 70, 140, 280, 560, 1120 (0: the model's processor's)
   std::string device = "cpu";  // cpu | cuda
   std::string dtype = "auto";  // auto (checkpoint's own) | f32 | bf16 | f16
   int threads = 0;             // 0: all cores

@@ -64,7 +64,8 @@ namespace {
 
 // Options every model-running subcommand shares.
 struct ModelArgs {
-  std::string model;
+  std::string model, mmproj;
+  int image_tokens = 0;
   std::string device = "cpu";
   std::string dtype = "auto";
   int threads = 0;
@@ -73,6 +74,7 @@ struct ModelArgs {
   void add(CLI::App* cmd, bool runtime_flags) {
     cmd->add_option("-m,--model", model, "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
     if (runtime_flags) {
+      add_media_model_options(cmd, mmproj, image_tokens);
       cmd->add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
       std::vector<std::string> dtypes = mb::weight_dtype_names();
       cmd->add_option("--dtype", dtype, fmt::format("weight dtype: auto (the checkpoint's), {}", fmt::join(dtypes, ", ")))
@@ -90,6 +92,8 @@ struct ModelArgs {
     if (const std::string w = threads_warning(threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
     markbase::EngineOptions o;
     o.model_path = model.empty() ? default_model_path() : model;
+    o.mmproj_path = mmproj;
+    o.image_tokens = image_tokens;
     o.device = device;
     o.dtype = dtype;
     o.threads = threads;
@@ -146,6 +150,15 @@ std::string join_ids(const std::vector<int32_t>& ids) { return fmt::format("{}",
 void print_ids(const std::vector<int32_t>& ids) { std::printf("%s\n", join_ids(ids).c_str()); }
 
 }  // namespace
+
+void add_media_model_options(CLI::App* cmd, std::string& mmproj, int& image_tokens) {
+  cmd->add_option("--mmproj", mmproj,
+                  "a GGUF model's vision/audio towers: the mmproj GGUF llama.cpp's converter writes beside it")
+      ->type_name("FILE");
+  cmd->add_option("--image-tokens", image_tokens,
+                  "soft tokens an image may become: 70, 140, 280, 560 or 1120 (default: the model's processor's)")
+      ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
+}
 
 void add_threads_option(CLI::App* cmd, int& threads) {
   cmd->add_option("--threads", threads, "worker threads (0: all cores)")->check(whole_number(0, kMaxThreads));

@@ -51,9 +51,10 @@ int wait_signal(const sigset_t& set, std::chrono::milliseconds wait) {
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "serve the model over an OpenAI-compatible HTTP API (docs/server.md)");
   struct Args {
-    std::string model, host = "127.0.0.1", name, api_key, kv_mem, device = "cpu";
+    std::string model, mmproj, host = "127.0.0.1", name, api_key, kv_mem, device = "cpu";
     int port = 8080, max_seqs = 16, threads = 0, max_queue = 256;
     int64_t ctx = 0;
+    int image_tokens = 0;
     double timeout = 0;
     bool no_prefix_cache = false;
     std::string max_body = "16M";
@@ -62,6 +63,7 @@ void register_serve(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("-m,--model", a->model,
                   "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
+  add_media_model_options(cmd, a->mmproj, a->image_tokens);
   cmd->add_option("--host", a->host, "address to listen on (0.0.0.0: every interface)");
   cmd->add_option("--port", a->port, "TCP port (0: any free one, printed at start)")->check(whole_number(0, 65535));
   cmd->add_option("--served-model-name", a->name, "the model's name in the API (default: its file or folder name)");
@@ -102,6 +104,8 @@ void register_serve(CLI::App& app) {
 
     mb::EngineOptions eo;
     eo.model_path = a->model.empty() ? default_model_path() : a->model;
+    eo.mmproj_path = a->mmproj;
+    eo.image_tokens = a->image_tokens;
     eo.device = a->device;
     eo.threads = a->threads;
     eo.max_context = a->ctx;

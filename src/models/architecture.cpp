@@ -76,6 +76,10 @@ std::unique_ptr<MediaEncoder> Architecture::make_media_encoder(std::shared_ptr<c
   fail("{}: {} models read text only (no image or audio input)", ck->path, name());
 }
 
+void Architecture::attach_mmproj(Checkpoint& ck, const std::string& path) const {
+  fail("{}: {} models read no mmproj file ({})", ck.path, name(), path);
+}
+
 std::string Architecture::gguf_to_hf_name(const std::string& g) const {
   for (const std::string& d : gguf_derived_tensors())
     if (g == d) return "";

@@ -84,6 +84,9 @@ class Architecture {
   // architecture (or a checkpoint) that reads text only.
   virtual std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck,
                                                            Backend& backend) const;
+  // Adds llama.cpp's mmproj GGUF at `path` to a GGUF checkpoint: its tensors under the names and
+  // its settings in the form make_media_encoder reads; throws for an architecture without one.
+  virtual void attach_mmproj(Checkpoint& ck, const std::string& path) const;
 
   // --- Text
   // Token texts that end a reply (the instruction-tuned generation_config's stop ids).

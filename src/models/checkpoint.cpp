@@ -46,13 +46,20 @@ const Architecture& Checkpoint::architecture() const { return architecture_named
 std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const CheckpointOptions& opts) {
   auto ck = std::make_unique<Checkpoint>();
   ck->path = path;
+  MB_CHECK(opts.image_tokens == 0 || opts.image_tokens == 70 || opts.image_tokens == 140 || opts.image_tokens == 280 ||
+               opts.image_tokens == 560 || opts.image_tokens == 1120,
+           "image soft tokens must be one of 70, 140, 280, 560, 1120, got {}", opts.image_tokens);
+  ck->image_tokens = opts.image_tokens;
   fs::path p(path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", path);
   if (!fs::is_directory(p)) {
     if (!is_gguf_file(path)) not_a_model(p);
     ck->gguf = load_gguf_model(path, ck->config, ck->tensors);
+    if (opts.load_multimodal && !opts.mmproj.empty()) ck->architecture().attach_mmproj(*ck, opts.mmproj);
     return ck;
   }
+  MB_CHECK(opts.mmproj.empty(), "--mmproj goes with a GGUF model: {} is a checkpoint folder, which holds its own "
+           "vision/audio towers", path);
   MB_CHECK(fs::exists(p / "config.json"), "{}: no config.json in the checkpoint folder", path);
   json config = read_json_file(p / "config.json");
   json gen;
@@ -95,6 +102,13 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   fail("missing tensor 'embed_tokens.weight' (looked for model.language_model.embed_tokens.weight and "
        "model.embed_tokens.weight) in {}",
        ck->tensors.describe_sources());
+}
+
+void check_mmproj(const Checkpoint& model, const std::string& mmproj) {
+  MB_CHECK(model.gguf, "--mmproj goes with a GGUF model: {} is a checkpoint folder, which holds its own vision/audio "
+           "towers", model.path);
+  MB_CHECK(fs::exists(mmproj) && !fs::is_directory(mmproj), "mmproj file {} does not exist", mmproj);
+  open_checkpoint(model.path, {.load_multimodal = true, .mmproj = mmproj});
 }
 
 const Architecture& model_architecture(const std::string& path) {

@@ -144,6 +144,8 @@ class LocalEngine final : public Engine {
   static mb::EngineOptions core_options(const EngineOptions& o) {
     mb::EngineOptions c;
     c.model_path = o.model_path;
+    c.mmproj_path = o.mmproj_path;
+    c.image_tokens = o.image_tokens;
     c.device = o.device;
     c.dtype = o.dtype;
     c.threads = o.threads;

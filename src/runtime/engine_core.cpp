@@ -123,7 +123,10 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
   MB_CHECK(opts.device == "cpu" || opts.device == "cuda", "unknown device '{}' (expected cpu or cuda)", opts.device);
   MB_CHECK(opts.max_seqs > 0, "the number of sequences must be at least 1, got {}", opts.max_seqs);
-  ck_ = open_checkpoint(opts.model_path);
+  ck_ = open_checkpoint(opts.model_path, {.image_tokens = opts.image_tokens});
+  // An mmproj file is read when the first media item comes; what it is, and that it goes with this
+  // model, is checked now.
+  if (!opts.mmproj_path.empty()) check_mmproj(*ck_, opts.mmproj_path);
   backend_ = make_backend(opts.device);
   ModelLoadOptions mo;
   if (opts.dtype == "auto") {
@@ -192,7 +195,11 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
 EngineCore::~EngineCore() = default;
 
 PromptMedia& EngineCore::media() {
-  if (!media_) media_ = std::make_unique<PromptMedia>(opts_.model_path, *backend_);
+  if (!media_)
+    media_ = std::make_unique<PromptMedia>(
+        opts_.model_path,
+        CheckpointOptions{.load_multimodal = true, .mmproj = opts_.mmproj_path, .image_tokens = opts_.image_tokens},
+        *backend_);
   return *media_;
 }
 

@@ -45,12 +45,13 @@ uint64_t media_hash(const MediaItem& item) {
   return mix(h);
 }
 
-PromptMedia::PromptMedia(std::string model_path, Backend& backend) : path_(std::move(model_path)), backend_(backend) {}
+PromptMedia::PromptMedia(std::string model_path, CheckpointOptions opts, Backend& backend)
+    : path_(std::move(model_path)), opts_(std::move(opts)), backend_(backend) {}
 PromptMedia::~PromptMedia() = default;
 
 MediaEncoder& PromptMedia::encoder() {
   if (!encoder_) {
-    ck_ = open_checkpoint(path_, {.load_multimodal = true});
+    ck_ = open_checkpoint(path_, opts_);
     encoder_ = ck_->architecture().make_media_encoder(ck_, backend_);
   }
   return *encoder_;

@@ -22,8 +22,9 @@ namespace mb {
 class PromptMedia {
  public:
   // The model's media front-ends over the checkpoint at `model_path`, opened again with its
-  // vision/audio tensors when the first media item comes (text-only use never maps them).
-  PromptMedia(std::string model_path, Backend& backend);
+  // vision/audio tensors when the first media item comes (text-only use never maps them); a GGUF
+  // model's from opts.mmproj (llama.cpp's mmproj GGUF).
+  PromptMedia(std::string model_path, CheckpointOptions opts, Backend& backend);
   ~PromptMedia();
 
   // Text to token ids (no BOS): a video's frame timestamps are text in the prompt.
@@ -59,6 +60,7 @@ class PromptMedia {
   MediaEncoder& encoder();
 
   std::string path_;
+  CheckpointOptions opts_;
   Backend& backend_;
   std::shared_ptr<const Checkpoint> ck_;
   std::unique_ptr<MediaEncoder> encoder_;

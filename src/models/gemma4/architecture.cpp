@@ -99,6 +99,7 @@ class Gemma4Architecture final : public Architecture {
                                                    Backend& backend) const override {
     return gemma4::make_media_encoder(std::move(ck), backend);
   }
+  void attach_mmproj(Checkpoint& ck, const std::string& path) const override { gemma4::attach_mmproj(ck, path); }
   std::unique_ptr<Model> make_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,
                                     const ModelLoadOptions& opts) const override {
     return make_decoder(std::move(ck), backend, opts);

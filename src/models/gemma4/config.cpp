@@ -203,6 +203,11 @@ ModelConfig parse_gguf(const GgufFile& f) {
   }
   resolve_kv_sources(c, f.path());
   read_gguf_special_tokens(f, "<turn|>", c);
+  // GGUF files do not record use_bidirectional_attention. The released configs set it to "vision"
+  // on exactly the Gemma 4 models without per-layer embeddings (26B-A4B, 31B; E2B and E4B have
+  // none), so an image's tokens see each other on sliding layers there, as transformers runs them
+  // (llama.cpp instead decodes every Gemma 4 image non-causally on all layers).
+  c.bidirectional_images = c.ple_dim == 0;
   return c;
 }
 

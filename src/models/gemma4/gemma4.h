@@ -24,6 +24,10 @@ std::unique_ptr<Model> make_decoder(std::shared_ptr<const Checkpoint> ck, Backen
 // Its image and audio front-ends (models/gemma4/media.cpp).
 std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const Checkpoint> ck, Backend& backend);
 
+// llama.cpp's mmproj GGUF of a Gemma 4 model into `ck` (models/gemma4/mmproj.cpp): see
+// Architecture::attach_mmproj.
+void attach_mmproj(Checkpoint& ck, const std::string& path);
+
 // config.json's text part (Gemma4TextConfig / Gemma4UnifiedTextConfig) -> ModelConfig.
 ModelConfig parse_hf_text(const nlohmann::json& text_config, bool unified, const std::string& source);
 ModelConfig parse_gguf(const GgufFile& f);

@@ -30,7 +30,10 @@ namespace fs = std::filesystem;
 class Gemma4MediaEncoder final : public MediaEncoder {
  public:
   Gemma4MediaEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be) : ck_(std::move(ck)), be_(be) {
-    MB_CHECK(!ck_->hf_config.is_null(), "{}: image and audio input need a Hugging Face checkpoint folder", ck_->path);
+    MB_CHECK(!ck_->hf_config.is_null(),
+             "{}: image and audio input need a Hugging Face checkpoint folder, or a GGUF model with its mmproj file "
+             "(--mmproj)",
+             ck_->path);
     const nlohmann::json& c = ck_->hf_config;
     // The 12B unified model has no towers: its embedders take patches and samples directly.
     if (ck_->tensors.contains("model.vision_embedder.patch_dense.weight") ||
@@ -48,7 +51,9 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     ids_.video = r.get("video_token_id", 258884);
     hidden_ = ck_->config.hidden_size;
     const fs::path proc = fs::path(ck_->path) / "processor_config.json";
-    if (fs::exists(proc)) {
+    if (!ck_->processor_config.is_null()) {
+      processor_ = ck_->processor_config;
+    } else if (fs::is_directory(ck_->path) && fs::exists(proc)) {
       std::ifstream in(proc);
       try {
         processor_ = nlohmann::json::parse(in);
@@ -164,6 +169,7 @@ class Gemma4MediaEncoder final : public MediaEncoder {
              "{}: this model has no vision tower, so it cannot read images or video ({})", ck_->path, what);
     vision_ = std::make_unique<gemma4_vision::VisionEncoder>(ck_, be_);
     image_cfg_ = gemma4_vision::parse_image_processor_config(processor_);
+    if (ck_->image_tokens > 0) image_cfg_.max_soft_tokens = ck_->image_tokens;
     if (!processor_.contains("image_processor")) {  // no processor file: the tower's own geometry
       image_cfg_.patch_size = vision_->config().patch_size;
       image_cfg_.pooling_kernel_size = vision_->config().pooling_kernel;
@@ -213,6 +219,7 @@ class Gemma4MediaEncoder final : public MediaEncoder {
 
   gemma4_vision::ImageProcessorConfig unified_image_config() const {
     gemma4_vision::ImageProcessorConfig cfg = gemma4_vision::parse_image_processor_config(processor_);
+    if (ck_->image_tokens > 0) cfg.max_soft_tokens = ck_->image_tokens;
     if (!processor_.contains("image_processor")) {  // no processor file: the model's own geometry
       const nlohmann::json& v = ck_->hf_config["vision_config"];
       hf::Reader r{v, ck_->path + "/config.json"};
