@@ -246,6 +246,11 @@ void attach_mmproj(Checkpoint& ck, const std::string& path) {
     if (t.name.find(".per_dim_scale.") != std::string::npos || t.name.find(".conv_dw.") != std::string::npos)
       rebuilt.insert(t.name);
   }
+  for (const std::string& u : unknown)
+    MB_CHECK(u.find(".out_scale.") == std::string::npos,
+             "{}: {} is a per-layer output scale of the vision encoder (a layer_scalar), which transformers 5.17.0's "
+             "Gemma 4 vision encoder - the one MarkBase matches - does not have",
+             path, u);
   MB_CHECK(unknown.empty(), "{}: tensors this reader does not know ({}{}); is it a Gemma 4 mmproj from a newer "
            "converter?",
            path, unknown.front(), unknown.size() > 1 ? fmt::format(" and {} more", unknown.size() - 1) : "");
