@@ -175,15 +175,15 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 }
 
 // A small clip GGUF: the mm_large_like mmproj's keys and tensors, with changes.
-std::string clip_file(const std::string& name, const std::string& projector, bool extra_tensor) {
+std::string clip_file(const std::string& name, const std::string& projector, const std::string& extra_tensor) {
   const auto src = mb::GgufFile::open(gguf_dir() + "/mm_large_like.mmproj.gguf");
   mb::GgufWriter w;
   for (const auto& [k, v] : src->metadata()) w.set(k, v);
   w.set("clip.vision.projector_type", mb::GgufValue::make_string(projector));
   for (const mb::GgufTensorInfo& t : src->tensors()) w.add_tensor(t.name, t.dtype, t.shape(), t.data);
-  if (extra_tensor) {
+  if (!extra_tensor.empty()) {
     const float one = 1.f;
-    w.add_tensor("v.blk.0.mystery.weight", mb::DType::F32, {1}, &one);
+    w.add_tensor(extra_tensor, mb::DType::F32, {1}, &one);
   }
   const std::string path = mbtest::temp_dir("mmproj") + "/" + name;
   w.write(path);
@@ -201,8 +201,9 @@ TEST(MmprojErrors, AreClearAndNameTheFile) {
                "--mmproj goes with a GGUF model");
   expect_error(open(text, gguf_dir() + "/nope.gguf"), "nope.gguf");
   // Another model's projector; a tensor this reader does not know (never silently dropped).
-  expect_error(open(text, clip_file("llava.gguf", "llava", false)), "not Gemma 4's");
-  expect_error(open(text, clip_file("extra.gguf", "gemma4v", true)), "v.blk.0.mystery.weight");
+  expect_error(open(text, clip_file("llava.gguf", "llava", "")), "not Gemma 4's");
+  expect_error(open(text, clip_file("extra.gguf", "gemma4v", "v.blk.0.mystery.weight")), "v.blk.0.mystery.weight");
+  expect_error(open(text, clip_file("scale.gguf", "gemma4v", "v.blk.1.out_scale.weight")), "output scale");
   // The engine checks the file when it opens, not at the first image.
   expect_error([&] { markbase::Engine::open({.model_path = text, .mmproj_path = text}); }, "not an mmproj file");
   expect_error([&] { markbase::Engine::open({.model_path = text, .image_tokens = 100}); }, "70, 140, 280, 560, 1120");
