@@ -59,18 +59,16 @@ void out(std::string_view s) {
 void register_chat(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat", "talk with the model in the terminal (several turns; Ctrl-C stops a reply)");
   struct Args {
-    std::string model, mmproj, system, seed, kv_mem, device = "cpu";
+    std::string model, system, seed, kv_mem, device = "cpu";
     bool think = false;
     int n = 0, threads = 0;
     int64_t ctx = 0;
-    int image_tokens = 0;
     float temperature = 0.f, top_p = 1.f, min_p = 0.f;
     int top_k = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("-m,--model", a->model,
                   "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
-  add_media_model_options(cmd, a->mmproj, a->image_tokens);
   cmd->add_option("--system", a->system, "system prompt");
   cmd->add_flag("--think", a->think, "let the model think before it answers (shown apart, dimmed)");
   cmd->add_option("-n,--n-predict", a->n, "tokens per reply, at most (0: up to the context's end)")
@@ -89,8 +87,6 @@ void register_chat(CLI::App& app) {
     if (const std::string w = threads_warning(a->threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
     mb::EngineOptions eo;
     eo.model_path = a->model.empty() ? default_model_path() : a->model;
-    eo.mmproj_path = a->mmproj;
-    eo.image_tokens = a->image_tokens;
     eo.device = a->device;
     eo.threads = a->threads;
     eo.max_context = a->ctx;
