@@ -54,9 +54,6 @@ const Architecture& architecture_for_gguf(const GgufFile& f) {
   fail("{}: unsupported GGUF architecture '{}' (supported: {})", f.path(), printable(a.str), fmt::join(supported, ", "));
 }
 
-namespace {
-
-// "<prefix><digits>.<rest>" -> (digits, rest)
 bool split_layer(std::string_view s, std::string_view prefix, std::string_view& index, std::string_view& rest) {
   if (s.substr(0, prefix.size()) != prefix) return false;
   const size_t dot = s.find('.', prefix.size());
@@ -66,6 +63,8 @@ bool split_layer(std::string_view s, std::string_view prefix, std::string_view& 
   rest = s.substr(dot + 1);
   return true;
 }
+
+namespace {
 
 constexpr std::string_view kGgufLayer = "blk.", kHfLayer = "model.layers.";
 

@@ -95,6 +95,9 @@ class Architecture {
   virtual std::string_view builtin_chat_template() const = 0;
 };
 
+// A per-layer tensor name "<prefix><digits>.<rest>" -> (digits, rest); false for any other.
+bool split_layer(std::string_view name, std::string_view prefix, std::string_view& index, std::string_view& rest);
+
 // Every architecture, in the order they are tried.
 std::span<const Architecture* const> architectures();
 // By registry name (ModelConfig::family); throws mb::Error for an unknown name.

@@ -46,9 +46,7 @@ const Architecture& Checkpoint::architecture() const { return architecture_named
 std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const CheckpointOptions& opts) {
   auto ck = std::make_unique<Checkpoint>();
   ck->path = path;
-  MB_CHECK(opts.image_tokens == 0 || opts.image_tokens == 70 || opts.image_tokens == 140 || opts.image_tokens == 280 ||
-               opts.image_tokens == 560 || opts.image_tokens == 1120,
-           "image soft tokens must be one of 70, 140, 280, 560, 1120, got {}", opts.image_tokens);
+  check_image_tokens(opts.image_tokens);
   ck->image_tokens = opts.image_tokens;
   fs::path p(path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", path);
@@ -102,6 +100,11 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   fail("missing tensor 'embed_tokens.weight' (looked for model.language_model.embed_tokens.weight and "
        "model.embed_tokens.weight) in {}",
        ck->tensors.describe_sources());
+}
+
+void check_image_tokens(int n) {
+  MB_CHECK(n == 0 || n == 70 || n == 140 || n == 280 || n == 560 || n == 1120,
+           "image soft tokens must be one of 70, 140, 280, 560, 1120, got {}", n);
 }
 
 void check_mmproj(const Checkpoint& model, const std::string& mmproj) {

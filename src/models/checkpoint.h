@@ -45,6 +45,9 @@ struct CheckpointOptions {
 // or a GGUF file, told apart by content.
 std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const CheckpointOptions& opts = {});
 
+// Throws unless `n` is 0 or an image soft-token budget Gemma 4's processor takes (70 ... 1120).
+void check_image_tokens(int n);
+
 // Throws unless `mmproj` is an mmproj file that goes with `model` (a GGUF model of an architecture
 // that reads one): the file is opened with the model's multimodal parts, as media input will.
 void check_mmproj(const Checkpoint& model, const std::string& mmproj);

@@ -123,7 +123,8 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
   MB_CHECK(opts.device == "cpu" || opts.device == "cuda", "unknown device '{}' (expected cpu or cuda)", opts.device);
   MB_CHECK(opts.max_seqs > 0, "the number of sequences must be at least 1, got {}", opts.max_seqs);
-  ck_ = open_checkpoint(opts.model_path, {.image_tokens = opts.image_tokens});
+  check_image_tokens(opts.image_tokens);
+  ck_ = open_checkpoint(opts.model_path);
   // An mmproj file is read when the first media item comes; what it is, and that it goes with this
   // model, is checked now.
   if (!opts.mmproj_path.empty()) check_mmproj(*ck_, opts.mmproj_path);

@@ -127,12 +127,8 @@ std::string hf_name_of(const std::string& g) {
   for (const auto& [prefix, table, tower] :
        {std::tuple{std::string_view("v.blk."), std::span<const BlockName>(kVisionBlock), std::string(kVision) + "encoder.layers."},
         std::tuple{std::string_view("a.blk."), std::span<const BlockName>(kAudioBlock), std::string(kAudio) + "layers."}}) {
-    if (g.rfind(prefix, 0) != 0) continue;
-    const size_t dot = g.find('.', prefix.size());
-    if (dot == std::string::npos || dot == prefix.size()) return "";
-    const std::string layer = g.substr(prefix.size(), dot - prefix.size());
-    if (layer.find_first_not_of("0123456789") != std::string::npos) return "";
-    const std::string rest = g.substr(dot + 1);
+    std::string_view layer, rest;
+    if (!split_layer(g, prefix, layer, rest)) continue;
     for (const BlockName& b : table) {
       const std::string base(b.gguf);
       std::string suffix;
@@ -146,7 +142,7 @@ std::string hf_name_of(const std::string& g) {
       } else {
         continue;
       }
-      return tower + layer + "." + std::string(b.hf) + suffix;
+      return tower + std::string(layer) + "." + std::string(b.hf) + suffix;
     }
     return "";
   }
