@@ -286,6 +286,24 @@ TEST(Bench, SaveOnlyAndMissingTokenizer) {
   fs::remove_all(dir);
 }
 
+// --temperature (and top-k/top-p/min-p) decodes by sampling, said in the JSON; bad values are refused.
+TEST(Bench, SampledDecode) {
+  auto r = mbtest::run_cli("bench --synthetic tiny --pp 4 --tg 3 --reps 1 --batch 1,2 --threads 2 --json "
+                           "--temperature 0.8 --top-k 5 --top-p 0.9 --min-p 0.05");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto rows = json_lines(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  for (const auto& row : rows) {
+    EXPECT_GT(double(row["tg_tokens_per_s"]), 0) << r.out;
+    EXPECT_EQ(row["sampling"]["top_k"], 5) << r.out;
+  }
+  r = mbtest::run_cli("bench --synthetic tiny --pp 4 --tg 3 --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_FALSE(json_lines(r.out).at(0).contains("sampling")) << r.out;
+  r = mbtest::run_cli("bench --synthetic tiny --pp 4 --tg 3 --temperature 1 --top-p 1.5");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+}
+
 TEST(Bench, MembwProbeReportsItsBufferAndRefusesOneTheCachesHold) {
   auto r = mbtest::run_cli("bench --membw --membw-mb 64 --threads 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

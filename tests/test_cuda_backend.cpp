@@ -1323,6 +1323,51 @@ TEST_F(CudaOps, ArgmaxRowsMatchesTheHost) {
   }
 }
 
+// Sampling on the device picks what the host's rules pick (core/token_pick.h) with the same draw:
+// temperature alone and with min-p (vocabulary order), top-k (within and beyond the device's
+// list: the host then picks), top-p with and without top-k (a nucleus beyond the list: the host),
+// rows of many equal logits (ties go by id), a non-finite row (-1), greedy rows among them.
+TEST_F(CudaOps, SampleRowsPicksAsTheHost) {
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const std::vector<mb::TokenPick> kinds = {
+      {1.f, 0, 1.f, 0.f},    {0.7f, 0, 1.f, 0.05f}, {1.f, 1, 1.f, 0.f},    {0.8f, 40, 1.f, 0.f},
+      {1.2f, 1024, 1.f, 0.f}, {1.f, 2000, 1.f, 0.f}, {1.f, 0, 0.9f, 0.f},   {2.5f, 0, 0.95f, 0.f},
+      {1.f, 64, 0.8f, 0.1f}, {0.5f, 0, 0.5f, 0.2f}, {0.f, 0, 1.f, 0.f},    {1.f, 50, 1.f, 0.3f}};
+  // MARKBASE_TEST_SAMPLE_QUICK=1 (compute-sanitizer's racecheck, ~100x slower): the full-size rows
+  // of the first two kinds, one draw each.
+  const bool quick = std::getenv("MARKBASE_TEST_SAMPLE_QUICK") != nullptr;
+  for (int64_t V : {int64_t(7), int64_t(1000), int64_t(262144)}) {
+    if (quick && V != 262144) continue;
+    for (int logits_kind = 0; logits_kind < (quick ? 2 : 4); ++logits_kind) {
+      // 0: logits ~ N(0, 3); 1: rounded to a few levels (many ties: the device's sampled threshold
+      // lets too many through and it selects exactly instead); 2: one row of a NaN; 3: all equal.
+      std::vector<float> x = randn(size_t(kinds.size() * V), rng, 3.f);
+      if (logits_kind == 1)
+        for (float& v : x) v = std::round(v);
+      if (logits_kind == 3) std::fill(x.begin(), x.end(), 0.5f);
+      if (logits_kind == 2) x[size_t(V / 2)] = kNaN;
+      const int64_t r = int64_t(kinds.size());
+      for (int rep = 0; rep < (quick ? 1 : 6); ++rep) {
+        std::vector<mb::TokenPick> picks = kinds;
+        for (mb::TokenPick& p : picks) p.u = rep == 0 ? 0.0 : rep == 1 ? 0.999999 : unit(rng);
+        const Tensor t = upload(gpu(), {r, V}, x);
+        std::vector<int32_t> got(static_cast<size_t>(r)), want(static_cast<size_t>(r));
+        gpu().sample_rows(t, picks, got);
+        const Tensor tc = upload(cpu(), {r, V}, x);
+        cpu().sample_rows(tc, picks, want);
+        EXPECT_EQ(got, want) << "V=" << V << " logits " << logits_kind << " rep " << rep;
+        std::vector<mb::PickCandidate> scratch;
+        for (int64_t i = 0; i < r; ++i) {
+          const std::span<const float> row(x.data() + i * V, size_t(V));
+          const bool finite = std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
+          EXPECT_EQ(want[size_t(i)], finite ? mb::pick_token(row, picks[size_t(i)], scratch) : -1) << i;
+        }
+      }
+    }
+  }
+}
+
 // A staged array's reserve (device room for a table to grow into) is not its host memory: a host
 // array that lies past a staged array's bytes but within its reserve - here, in one buffer; in a
 // process, the next heap block - is the op's own data, not the staged copy's unwritten room.

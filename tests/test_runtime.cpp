@@ -250,8 +250,9 @@ TEST(GreedyPick, ArgmaxRowsIsTheFirstMaximumOrMinusOne) {
   }
 }
 
-// forward_argmax gives the argmax of forward's rows, prompt and decode, one sequence and several.
-TEST(GreedyPick, ForwardArgmaxIsTheArgmaxOfForward) {
+// forward_pick gives the argmax of forward's rows without picks, and pick_token's token of them
+// with picks (sampled: temperature, top-k, top-p, min-p), prompt and decode, one sequence and several.
+TEST(GreedyPick, ForwardPickIsThePickOfForwardsRows) {
   std::shared_ptr<const mb::Checkpoint> ck = mb::open_checkpoint(mbtest::fixture("e2b_like"));
   auto be = mb::make_cpu_backend();
   auto model = mb::load_model(ck, *be, {});
@@ -280,10 +281,25 @@ TEST(GreedyPick, ForwardArgmaxIsTheArgmaxOfForward) {
     std::vector<float> logits;
     std::vector<int32_t> ids;
     model->forward(steps[i], kv_a, logits);
-    model->forward_argmax(steps[i], kv_b, ids);
+    model->forward_pick(steps[i], kv_b, {}, ids);
     ASSERT_EQ(ids.size(), steps[i].logit_rows.size());
     for (size_t r = 0; r < ids.size(); ++r)
       EXPECT_EQ(ids[r], mb::argmax(std::span<const float>(logits.data() + r * size_t(V), size_t(V))))
+          << "step " << i << " row " << r;
+  }
+  // The same steps again (the KV is the same: positions rewritten with the same values), sampled.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+    std::vector<mb::TokenPick> picks;
+    for (size_t r = 0; r < steps[i].logit_rows.size(); ++r)
+      picks.push_back({1.5f, int32_t(r % 2 ? 5 : 0), r % 3 ? 0.9f : 1.f, r == 1 ? 0.05f : 0.f, std::fmod(0.1 + 0.37 * double(r + i), 1.0)});
+    model->forward(steps[i], kv_a, logits);
+    model->forward_pick(steps[i], kv_b, picks, ids);
+    ASSERT_EQ(ids.size(), steps[i].logit_rows.size());
+    std::vector<mb::PickCandidate> scratch;
+    for (size_t r = 0; r < ids.size(); ++r)
+      EXPECT_EQ(ids[r], mb::pick_token(std::span<const float>(logits.data() + r * size_t(V), size_t(V)), picks[r], scratch))
           << "step " << i << " row " << r;
   }
 }

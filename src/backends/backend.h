@@ -6,10 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "core/token_pick.h"
 
 namespace mb {
 
@@ -160,6 +164,30 @@ class Backend {
   // NaN or an infinity (first_max_or_nonfinite): greedy picking without copying the rows off a
   // device (a GPU's logits).
   virtual void argmax_rows(const Tensor& x, Tensor& ids) = 0;
+  // ids[i] = the token picks[i] chooses from row i of x [r, V] (core/token_pick.h, its draw given),
+  // or -1 where the row holds a NaN or an infinity: sampling without copying the rows off a device.
+  // This one picks on the host (copying a device's rows there first).
+  virtual void sample_rows(const Tensor& x, std::span<const TokenPick> picks, std::span<int32_t> ids) {
+    const int64_t r = x.rows(), V = x.cols();
+    MB_CHECK(int64_t(picks.size()) == r && int64_t(ids.size()) == r, "sample_rows: {} picks and {} ids for x {}",
+             picks.size(), ids.size(), x.shape_str());
+    std::vector<float> host;
+    const float* rows = x.f32();
+    if (device() != Device::CPU) {
+      host.resize(size_t(r * V));
+      to_host(x, host.data());
+      rows = host.data();
+    }
+    ThreadPool::global().parallel_for(r, 1, [&](int64_t b, int64_t e) {
+      thread_local std::vector<PickCandidate> scratch;
+      for (int64_t i = b; i < e; ++i) {
+        const std::span<const float> row(rows + i * V, size_t(V));
+        bool finite = true;
+        for (float v : row) finite = finite && std::isfinite(v);
+        ids[size_t(i)] = finite ? pick_token(row, picks[size_t(i)], scratch) : -1;
+      }
+    });
+  }
   static int32_t first_max_or_nonfinite(const float* row, int64_t V) {
     int32_t best = -1;
     for (int64_t c = 0; c < V; ++c) {

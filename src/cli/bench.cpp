@@ -33,6 +33,7 @@
 #include "cli/flags.h"
 #include "core/error.h"
 #include "core/mmap.h"
+#include "core/splitmix64.h"
 #include "core/stats.h"
 #include "core/thread_pool.h"
 #include "models/checkpoint.h"
@@ -153,6 +154,10 @@ constexpr int kMaxBenchTokens = 1 << 20;
 struct BenchArgs {
   std::string model, synthetic, dtype = "auto", batches = "1", save, tokenizer, device = "cpu";
   int pp = 512, tg = 128, reps = 3, threads = 0;
+  // Decode steps pick by these (the draws from a fixed stream) instead of greedily: what sampling
+  // costs where the logits are.
+  float temperature = 0.f, top_p = 1.f, min_p = 0.f;
+  int top_k = 0;
   int64_t membw_mb = 0;  // 0: default_membw_mb()
   bool json = false, membw = false, profile = false;
 };
@@ -342,7 +347,7 @@ void run_bench(const BenchArgs& a) {
     KVCache kv(c, *be, {1, 2, 1});
     std::vector<float> logits;
     std::vector<int32_t> picks;
-    model->forward_argmax(decode_batch(1, 0, 0), kv, picks);
+    model->forward_pick(decode_batch(1, 0, 0), kv, {}, picks);
     // And one prompt's worth of prefill: a GPU backend loads its matrix-product kernels then.
     if (a.pp > 0 && a.device != "cpu") {
       const int64_t cnt = std::min<int64_t>(a.pp, kMaxStepTokens);
@@ -389,11 +394,17 @@ void run_bench(const BenchArgs& a) {
         profiler->set_enabled(true);
       }
       t0 = Clock::now();
-      // Each step ends with every sequence's greedy pick, taken where the logits are (as `serve`
-      // does for greedy requests: on a GPU, 4 bytes a sequence reach the host, not the vocabulary).
+      // Each step ends with every sequence's pick, taken where the logits are (as `serve` does: on
+      // a GPU, 4 bytes a sequence reach the host, not the vocabulary): greedy, or sampled.
       std::vector<int32_t> picks;
+      std::vector<TokenPick> how;
+      uint64_t stream = 0;
       for (int step = 0; step < a.tg; ++step) {
-        model->forward_argmax(decode_batch(B, a.pp + step, step), kv, picks);
+        if (a.temperature > 0.f) {
+          how.assign(size_t(B), TokenPick{a.temperature, a.top_k, a.top_p, a.min_p, 0.0});
+          for (TokenPick& p : how) p.u = double(splitmix64_next(stream) >> 11) * 0x1.0p-53;
+        }
+        model->forward_pick(decode_batch(B, a.pp + step, step), kv, how, picks);
         if (step % 8 == 0 && isatty(2))
           std::fprintf(stderr, "\rbench: batch %d rep %d/%d decode %d/%d      ", B, rep + 1, a.reps, step + 1, a.tg);
       }
@@ -416,6 +427,8 @@ void run_bench(const BenchArgs& a) {
                        {"isa", isa},             {"weight_bytes", weight_bytes},
                        {"kv_bytes", kv_bytes},   {"peak_rss_bytes", rss},
                        {"quant_matmul", quant_matmul}};
+      if (a.temperature > 0.f)
+        j["sampling"] = {{"temperature", a.temperature}, {"top_k", a.top_k}, {"top_p", a.top_p}, {"min_p", a.min_p}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("| %s | %s | %s | %d | %d | %.2f | %.2f | %.3f | %.3f | %.3f | %.3f |\n", name.c_str(),
@@ -456,6 +469,11 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--membw-mb", a->membw_mb,
                   "size of the --membw probe's buffer in MiB, at least 64 (0: 1 GiB and at least 20x the L2+L3 caches)")
       ->check(whole_number(0, int64_t(1) << 24));
+  cmd->add_option("--temperature", a->temperature, "decode by sampling at this temperature (0: greedy)")
+      ->check(CLI::Range(0.f, 100.f));
+  cmd->add_option("--top-k", a->top_k, "with --temperature: top-k (0: off)")->check(whole_number(0, int64_t(1) << 30));
+  cmd->add_option("--top-p", a->top_p, "with --temperature: top-p (1: off)")->check(CLI::Range(0.f, 1.f));
+  cmd->add_option("--min-p", a->min_p, "with --temperature: min-p (0: off)")->check(CLI::Range(0.f, 1.f));
   cmd->add_flag("--profile", a->profile,
                 "time every backend op and print, per prompt and per decode step, where the time went (stderr)");
   cmd->callback([a] { run_bench(*a); });

@@ -60,12 +60,19 @@ StepInputs step_inputs(const Batch& batch, KVMemory& kv, const ModelConfig& cfg,
   return in;
 }
 
-void Model::forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids) {
+void Model::forward_pick(const Batch& batch, KVMemory& kv, std::span<const TokenPick> picks, std::vector<int32_t>& ids) {
   std::vector<float> logits;
   forward(batch, kv, logits);
   const int64_t r = int64_t(batch.logit_rows.size()), V = config().vocab_size;
+  MB_CHECK(picks.empty() || int64_t(picks.size()) == r, "forward_pick: {} picks for {} rows", picks.size(), r);
   ids.resize(size_t(r));
-  for (int64_t i = 0; i < r; ++i) ids[size_t(i)] = Backend::first_max_or_nonfinite(logits.data() + i * V, V);
+  std::vector<PickCandidate> scratch;
+  for (int64_t i = 0; i < r; ++i) {
+    const float* row = logits.data() + i * V;
+    ids[size_t(i)] = Backend::first_max_or_nonfinite(row, V);
+    if (!picks.empty() && ids[size_t(i)] >= 0)
+      ids[size_t(i)] = pick_token({row, size_t(V)}, picks[size_t(i)], scratch);
+  }
 }
 
 std::unique_ptr<Model> load_model(std::shared_ptr<const Checkpoint> ck, Backend& backend,

@@ -58,9 +58,11 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   // Runs the batch, writing its K/V into `kv`; logits [batch.logit_rows.size(), vocab] f32 on the host.
   virtual void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) = 0;
-  // forward, but each logit row's first maximum instead of the row (-1 for a row with a non-finite
-  // logit): greedy decoding, which on a GPU then copies 4 bytes a row instead of the vocabulary.
-  virtual void forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids);
+  // forward, but each logit row's token instead of the row: picks[i] chooses row i's
+  // (Backend::sample_rows; no picks: every row's first maximum), -1 for a row with a non-finite
+  // logit. Decoding on a GPU then copies 4 bytes a row instead of the vocabulary.
+  virtual void forward_pick(const Batch& batch, KVMemory& kv, std::span<const TokenPick> picks,
+                            std::vector<int32_t>& ids);
   virtual size_t weight_bytes() const = 0;
   // Weight bytes one decode step streams: every matrix once (the tied LM head included), only
   // the routed share of MoE experts, no embedding-table rows.

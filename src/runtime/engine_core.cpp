@@ -363,18 +363,22 @@ void EngineCore::step() {
       owner[i]->usage.queue_seconds = seconds_between(owner[i]->submitted, now);
     }
   }
-  // A step whose every pick is plain greedy (temperature 0, no logit adjustments, no logprobs, no
-  // prompt logits) takes each row's maximum where the logits are (a GPU: 4 bytes a row cross to
-  // the host instead of 1 MB).
-  bool greedy = true;
-  for (size_t i = 0; i < chunks.size() && greedy; ++i) {
+  // A step whose every pick needs the row alone (no logit adjustments, no logprobs, no prompt
+  // logits) picks where the logits are (a GPU: 4 bytes a row cross to the host instead of 1 MB),
+  // each sampler's draw taken here as its sample() would take it.
+  bool pick = true;
+  for (size_t i = 0; i < chunks.size() && pick; ++i) {
     const Choice& c = *static_cast<const Choice*>(chunks[i].seq);
     const Request& r = *owner[i];
-    greedy = !all_rows[i] && (c.done || !chunks[i].samples ||
-                              (c.sampler->params().temperature <= 0.f && !r.adjust.any() && !r.opts.logprobs &&
-                               r.opts.top_logprobs == 0));
+    pick = !all_rows[i] &&
+           (c.done || !chunks[i].samples || (!r.adjust.any() && !r.opts.logprobs && r.opts.top_logprobs == 0));
   }
-  runner_->run(chunks, all_rows, out_, greedy);
+  picks_.assign(pick ? chunks.size() : 0, TokenPick{});
+  for (size_t i = 0; i < picks_.size(); ++i) {
+    Choice& c = *static_cast<Choice*>(chunks[i].seq);
+    if (!c.done && chunks[i].samples && owner[i]->opts.max_tokens > 0) picks_[i] = c.sampler->pick();
+  }
+  runner_->run(chunks, all_rows, out_, pick, picks_);
   scheduler_->computed(chunks);
   const size_t V = size_t(model_->config().vocab_size);
   // Picking the next tokens is independent per sequence and, at temperature > 0 over a 262k
@@ -392,7 +396,7 @@ void EngineCore::step() {
       Choice& c = *static_cast<Choice*>(ch.seq);
       Pick& pk = picks[size_t(i)];
       if (c.done || out_.n_rows[size_t(i)] == 0) continue;
-      if (greedy) {  // the model's pick: the row's first maximum, -1 for a non-finite row
+      if (pick) {  // the model's pick, -1 for a non-finite row
         const int32_t id = out_.ids[size_t(out_.first_row[size_t(i)] + out_.n_rows[size_t(i)] - 1)];
         pk.finite = id >= 0;
         pk.sample = pk.finite && ch.samples && owner[size_t(i)]->opts.max_tokens > 0;

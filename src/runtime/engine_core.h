@@ -74,6 +74,7 @@ class EngineCore {
   std::list<std::unique_ptr<Request>> requests_;
   int64_t next_seq_id_ = 0;
   ModelRunner::Output out_;
+  std::vector<TokenPick> picks_;  // a step's picks, per chunk (ModelRunner::run)
 
   // Metrics.
   EngineMetrics m_;

@@ -10,7 +10,7 @@ ModelRunner::ModelRunner(Model& model, const KVPageManager& pages, int64_t max_c
     : model_(model), view_(pages, model.config(), max_context, max_step) {}
 
 void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vector<bool>& all_rows, Output& out,
-                      bool greedy) {
+                      bool pick, std::span<const TokenPick> picks) {
   MB_CHECK(chunks.size() == all_rows.size(), "model runner: {} chunks but {} row flags", chunks.size(),
            all_rows.size());
   batch_.tokens.clear();
@@ -20,6 +20,9 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
   batch_.embeddings.clear();
   batch_.last_keys.clear();
   const int32_t pad = model_.config().pad_id;
+  MB_CHECK(picks.empty() || picks.size() == chunks.size(), "model runner: {} picks for {} chunks", picks.size(),
+           chunks.size());
+  row_picks_.clear();
   out.first_row.assign(chunks.size(), -1);
   out.n_rows.assign(chunks.size(), 0);
   std::vector<const SeqPages*> pages;
@@ -54,13 +57,16 @@ void ModelRunner::run(const std::vector<ScheduledChunk>& chunks, const std::vect
     if (rows > 0) {
       out.first_row[i] = int64_t(batch_.logit_rows.size());
       out.n_rows[i] = rows;
-      for (int64_t r = c.count - rows; r < c.count; ++r) batch_.logit_rows.push_back(int32_t(begin + r));
+      for (int64_t r = c.count - rows; r < c.count; ++r) {
+        batch_.logit_rows.push_back(int32_t(begin + r));
+        if (!picks.empty()) row_picks_.push_back(picks[i]);
+      }
     }
   }
   view_.set(pages);
-  if (greedy) {
+  if (pick) {
     out.logits.clear();
-    model_.forward_argmax(batch_, view_, out.ids);
+    model_.forward_pick(batch_, view_, row_picks_, out.ids);
   } else {
     out.ids.clear();
     model_.forward(batch_, view_, out.logits);

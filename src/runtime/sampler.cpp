@@ -30,57 +30,20 @@ double Sampler::next_unit() { return double(next_u64() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (p_.temperature <= 0.f) return argmax(logits);
-  cand_.clear();
-  float mx = -std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (std::isfinite(logits[i])) {
-      const float z = logits[i] / p_.temperature;
-      cand_.push_back({z, int32_t(i), 0.0});
-      mx = std::max(mx, z);
-    }
-  MB_CHECK(!cand_.empty(), "all logits are non-finite");
-  auto first = [](const Candidate& a, const Candidate& b) { return a.z > b.z || (a.z == b.z && a.id < b.id); };
-  // Top-k: the k first in (logit desc, id asc) order, then sorted.
-  if (p_.top_k > 0 && size_t(p_.top_k) < cand_.size()) {
-    std::nth_element(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), first);
-    cand_.resize(size_t(p_.top_k));
-    std::sort(cand_.begin(), cand_.end(), first);
-  }
-  double sum = 0;
-  for (Candidate& c : cand_) sum += (c.p = std::exp(double(c.z - mx)));
-  size_t keep = cand_.size();
-  // Top-p: the smallest prefix in descending order whose mass reaches top_p. Sort a prefix of m
-  // candidates; when its mass falls short, take a 4x larger one (the nucleus is usually a few
-  // dozen tokens; a flat distribution ends in one sort of everything).
-  if (p_.top_p < 1.f) {
-    const double target = double(p_.top_p) * sum;
-    for (size_t m = std::min<size_t>(keep, 64);; m = std::min(keep, 4 * m)) {
-      if (m < keep) std::nth_element(cand_.begin(), cand_.begin() + int64_t(m), cand_.end(), first);
-      std::sort(cand_.begin(), cand_.begin() + int64_t(m), first);
-      double acc = 0;
-      size_t i = 0;
-      while (i < m && (acc += cand_[i].p) < target) ++i;
-      if (i < m || m == keep) {
-        keep = std::min(m, i + 1);
-        break;
-      }
-    }
-    cand_.resize(keep);
-  }
-  // Min-p: drop candidates below min_p times the most likely one (p = 1 there). Stable, so the
-  // order stays the one defined above.
-  if (p_.min_p > 0.f) {
-    const double floor = double(p_.min_p);
-    cand_.erase(std::remove_if(cand_.begin(), cand_.end(), [&](const Candidate& c) { return c.p < floor; }), cand_.end());
-  }
-  double total = 0;
-  for (const Candidate& c : cand_) total += c.p;
-  double r = next_unit() * total;
-  for (const Candidate& c : cand_) {
-    r -= c.p;
-    if (r < 0) return c.id;
-  }
-  return cand_.back().id;
+  const int32_t id = pick_token(logits, pick(), cand_);
+  MB_CHECK(id >= 0, "all logits are non-finite");
+  return id;
+}
+
+TokenPick Sampler::pick() {
+  TokenPick t;
+  t.temperature = p_.temperature;
+  if (p_.temperature <= 0.f) return t;
+  t.top_k = p_.top_k;
+  t.top_p = p_.top_p;
+  t.min_p = p_.min_p;
+  t.u = next_unit();
+  return t;
 }
 
 }  // namespace mb

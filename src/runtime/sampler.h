@@ -1,6 +1,7 @@
 // Token selection from logits. Greedy when temperature <= 0; otherwise the usual filter chain
-// (top-k -> top-p -> min-p, in llama.cpp/vLLM order) then a draw from a seeded RNG whose stream is
-// defined here (not by the standard library's distributions), so a seed reproduces across builds.
+// (top-k -> top-p -> min-p, in llama.cpp/vLLM order; core/token_pick.h) then a draw from a seeded
+// RNG whose stream is defined here (not by the standard library's distributions), so a seed
+// reproduces across builds.
 // Nothing sorts the whole vocabulary (262k entries for Gemma): top-k selects its k, top-p sorts
 // only a prefix large enough to hold the nucleus, and the survivors are walked in an order fixed
 // by the logits alone (descending after top-k/top-p, else vocabulary order), never by how the
@@ -10,6 +11,8 @@
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "core/token_pick.h"
 
 namespace mb {
 
@@ -25,6 +28,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplerParams& p);
   int32_t sample(std::span<const float> logits);
+  // What sample() would do to the next row, its draw taken from the stream now (as sample() takes
+  // it): for a backend that picks where the logits are (Backend::sample_rows).
+  TokenPick pick();
   const SamplerParams& params() const { return p_; }
 
  private:
@@ -33,12 +39,7 @@ class Sampler {
 
   SamplerParams p_;
   uint64_t state_;
-  struct Candidate {
-    float z;     // logit / temperature
-    int32_t id;
-    double p;    // exp(z - max z), unnormalised
-  };
-  std::vector<Candidate> cand_;
+  std::vector<PickCandidate> cand_;
 };
 
 int32_t argmax(std::span<const float> logits);

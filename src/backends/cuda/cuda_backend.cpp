@@ -31,6 +31,10 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
 }
 
+void check_call(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA: {} failed: {}", what, cudaGetErrorString(e));
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MARKBASE_CUDA_PDL");
@@ -751,6 +755,38 @@ class CudaBackend final : public Backend {
     on_device(x, "argmax_rows x");
     on_device(ids, "argmax_rows ids");
     cuda::argmax_rows(x.f32(), ids.numel(), x.numel() / ids.numel(), ids.ptr<int32_t>(), st_);
+  }
+
+  void sample_rows(const Tensor& x, std::span<const TokenPick> picks, std::span<int32_t> ids) override {
+    const int64_t r = x.rows(), V = x.cols();
+    MB_CHECK(int64_t(picks.size()) == r && int64_t(ids.size()) == r, "sample_rows: {} picks and {} ids for x {}",
+             picks.size(), ids.size(), x.shape_str());
+    if (r == 0) return;
+    on_device(x, "sample_rows x");
+    static_assert(sizeof(PickArgs) == sizeof(TokenPick));
+    std::vector<PickArgs> args(static_cast<size_t>(r));
+    for (int64_t i = 0; i < r; ++i) {
+      const TokenPick& p = picks[size_t(i)];
+      args[size_t(i)] = {p.temperature, p.top_k, p.top_p, p.min_p, p.u};
+    }
+    Tensor dev_args = scratch(DType::U8, {int64_t(r * sizeof(PickArgs))}), dev_ids = scratch(DType::I32, {r});
+    upload(args.data(), dev_args);
+    cuda::sample_rows(x.f32(), r, V, dev_args.ptr<PickArgs>(), dev_ids.ptr<int32_t>(), st_);
+    to_host(dev_ids, ids.data());
+    // Rows whose top-k or nucleus is longer than the kernel's list: sorted whole.
+    Tensor keys, sorted, temp;
+    for (int64_t i = 0; i < r; ++i) {
+      if (ids[size_t(i)] != -2) continue;
+      if (keys.empty()) {
+        keys = scratch(DType::U8, {V * 8});
+        sorted = scratch(DType::U8, {V * 8});
+        temp = scratch(DType::U8, {int64_t(std::max<size_t>(cuda::sample_sort_temp_bytes(V), 16))});
+      }
+      cuda::sample_row_sorted(x.f32() + i * V, V, args[size_t(i)], keys.ptr<uint64_t>(), sorted.ptr<uint64_t>(),
+                              temp.data, size_t(temp.nbytes()), dev_ids.ptr<int32_t>() + i, st_);
+      Tensor one = dev_ids.slice_rows(i, 1);
+      to_host(one, &ids[size_t(i)]);
+    }
   }
 
   void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override {

@@ -12,6 +12,8 @@ namespace mb::cuda {
 
 // Throws mb::Error naming `what` when the last launch failed (cuda_backend.cpp).
 void check_launch(const char* what);
+// Throws mb::Error naming `what` when a runtime or library call returned an error.
+void check_call(cudaError_t e, const char* what);
 
 // Programmatic dependent launch (Hopper): each kernel of a step may be scheduled while the one
 // before it drains, which hides most of the few microseconds a launch costs between small kernels

@@ -54,6 +54,7 @@ int gemv_resident_waves();
 // y[n, m] = x[n, k] · wᵀ for n <= kGemvMaxRows. x is read as f32 (F32/BF16 weights) or as xq.
 inline constexpr int kGemvMaxRows = 8;
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st);
+
 // Several weights of one type and width over the same rows of x in one launch: ys[i][n, rows_i] =
 // x · ws[i]ᵀ (nw <= 3, rows a multiple of 8 elements for F32/BF16); glu: ys[0] = gelu_tanh(x ·
 // ws[0]ᵀ) * (x · ws[1]ᵀ). Block types read xq (quantize_x of x).
@@ -103,6 +104,26 @@ void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaSt
 void route_topk(const float* logits, int64_t n, int64_t E, int k, const float* per_expert_scale, float* weights,
                 int32_t* experts, cudaStream_t st);
 // ids[r] = the first maximum of row r of x [rows, V], -1 for a row with a non-finite value.
+// core/token_pick.h's TokenPick, as the kernels take it.
+struct PickArgs {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  double u;
+};
+// Candidates the device sorts for top-k / top-p; a top_k above it, or a nucleus longer than it
+// without top-k, gives -2 (the host picks that row).
+inline constexpr int kPickList = 1024;
+// ids[r] = core/token_pick.h's pick of row r of x [rows, V] by picks[r] (device memory), -1 where
+// the row holds a non-finite value, -2 where its top-k or nucleus is longer than kPickList
+// (sample_row_sorted picks those).
+void sample_rows(const float* x, int64_t rows, int64_t V, const PickArgs* picks, int32_t* ids, cudaStream_t st);
+// *id = the pick of one row of finite logits by sorting it whole: keys and sorted hold V numbers,
+// temp sample_sort_temp_bytes(V) bytes.
+size_t sample_sort_temp_bytes(int64_t V);
+void sample_row_sorted(const float* row, int64_t V, const PickArgs& pick, uint64_t* keys, uint64_t* sorted,
+                       void* temp, size_t temp_bytes, int32_t* id, cudaStream_t st);
 void argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids, cudaStream_t st);
 
 // Elementwise and normalisation ops (backend.h semantics).

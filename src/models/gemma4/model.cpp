@@ -52,14 +52,17 @@ class Gemma4Model final : public Model {
   }
 
   void forward(const Batch& batch, KVMemory& kv, std::vector<float>& logits) override {
-    step(batch, kv, &logits, nullptr);
+    step(batch, kv, &logits, nullptr, {});
   }
-  void forward_argmax(const Batch& batch, KVMemory& kv, std::vector<int32_t>& ids) override {
-    step(batch, kv, nullptr, &ids);
+  void forward_pick(const Batch& batch, KVMemory& kv, std::span<const TokenPick> picks,
+                    std::vector<int32_t>& ids) override {
+    step(batch, kv, nullptr, &ids, picks);
   }
-  // forward's body: the logit rows to the host (logits) or their first maxima (ids).
-  void step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids);
-  void deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids);
+  // forward's body: the logit rows to the host (logits) or their picks (ids).
+  void step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids,
+            std::span<const TokenPick> picks);
+  void deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids,
+               std::span<const TokenPick> picks);
   // The ops of a step from the staged inputs to the logits of batch.logit_rows in `out` [r, V].
   void compute(const Batch& batch, KVMemory& kv, Tensor& out);
 
@@ -315,19 +318,28 @@ void Gemma4Model::ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tens
   }
 }
 
-void Gemma4Model::deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids) {
+void Gemma4Model::deliver(const Tensor& out, int64_t r, std::vector<float>* logits, std::vector<int32_t>* ids,
+                          std::span<const TokenPick> picks) {
   if (logits) {
     if (r > 0) be_.to_host(out, logits->data());
     return;
   }
+  MB_CHECK(picks.empty() || int64_t(picks.size()) == r, "forward_pick: {} picks for {} rows", picks.size(), r);
   ids->resize(size_t(r));
   if (r == 0) return;
+  bool greedy = true;
+  for (const TokenPick& p : picks) greedy = greedy && p.temperature <= 0.f;
+  if (!greedy) {
+    be_.sample_rows(out, picks, *ids);
+    return;
+  }
   Tensor t = be_.scratch(DType::I32, {r});
   be_.argmax_rows(out, t);
   be_.to_host(t, ids->data());
 }
 
-void Gemma4Model::step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids) {
+void Gemma4Model::step(const Batch& batch, KVMemory& kv, std::vector<float>* logits, std::vector<int32_t>* ids,
+                       std::span<const TokenPick> picks) {
   const int64_t n = int64_t(batch.tokens.size()), V = cfg_.vocab_size;
   MB_CHECK(n > 0 && batch.positions.size() == size_t(n), "forward: empty or inconsistent batch");
   for (const BatchSequence& s : batch.seqs) {
@@ -357,7 +369,7 @@ void Gemma4Model::step(const Batch& batch, KVMemory& kv, std::vector<float>* log
   if (in.record_key == 0 || r == 0 || !batch.embeddings.empty() || !batch.last_keys.empty()) {
     Tensor out = r > 0 ? be_.scratch(DType::F32, {r, V}) : Tensor();
     compute(batch, kv, out);
-    deliver(out, r, logits, ids);
+    deliver(out, r, logits, ids, picks);
     return;
   }
   if (step_logits_.empty() || step_logits_.dim(0) < r) {
@@ -371,7 +383,7 @@ void Gemma4Model::step(const Batch& batch, KVMemory& kv, std::vector<float>* log
     compute(batch, kv, out);
     be_.end_recording(in.record_key);
   }
-  deliver(out, r, logits, ids);
+  deliver(out, r, logits, ids, picks);
 }
 
 void Gemma4Model::compute(const Batch& batch, KVMemory& kv, Tensor& out) {
