@@ -106,6 +106,28 @@ GenerationOptions greedy(int max_tokens = 12) {
 
 class Serving : public ::testing::TestWithParam<const char*> {};
 
+// A sampled request picks where the logits are (Model::forward_pick, Backend::sample_rows) unless
+// it asks for logprobs, which brings every row to the host for Sampler::sample: the same seed gives
+// the same tokens both ways, for every filter, alone and beside a greedy request.
+TEST_P(Serving, SampledPicksWhereTheLogitsAreEqualTheSamplersOwn) {
+  const std::vector<int32_t> prompt = prompt_of(11, 3);
+  for (int kind = 0; kind < 4; ++kind) {
+    GenerationOptions o = sampled(40 + uint64_t(kind), 10);
+    o.temperature = 4.f;  // the fixtures' distributions are peaked: flat enough that u matters
+    o.top_k = kind == 1 ? 0 : kind == 3 ? 3 : 40;
+    o.top_p = kind == 0 ? 1.f : 0.8f;
+    o.min_p = kind == 2 ? 0.05f : 0.f;
+    GenerationOptions with_logprobs = o;
+    with_logprobs.logprobs = true;
+    const Outcome device = run_alone(GetParam(), prompt, o), host = run_alone(GetParam(), prompt, with_logprobs);
+    EXPECT_EQ(device.tokens, host.tokens) << "kind " << kind;
+    EXPECT_EQ(device.tokens.size(), 10u);
+    EngineCore core(options(GetParam(), 2));
+    const auto both = run_together(core, {prompt, prompt_of(7, 4)}, {o, greedy(10)});
+    EXPECT_EQ(both[0].tokens, host.tokens) << "kind " << kind << " beside a greedy request";
+  }
+}
+
 // N requests of mixed lengths in one batch (chunked prefill beside decode, small pages, sliding
 // windows freeing pages) give each request the tokens it gets alone, greedy and seeded.
 TEST_P(Serving, ConcurrentRequestsEqualEachAlone) {
