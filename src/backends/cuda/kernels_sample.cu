@@ -56,17 +56,6 @@ __device__ __forceinline__ uint64_t rank_of(uint32_t key, int32_t id) {
   return (uint64_t(key) << 32) | uint64_t(0xffffffffu - uint32_t(id));
 }
 
-__device__ __forceinline__ double warp_sum_double(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ int warp_max_int(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 struct MaxInt {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
@@ -153,8 +142,8 @@ __global__ void __launch_bounds__(kThreads) k_sample_rows(const float* x, int64_
       const double p = p_of(c);
       if (p >= floor) mass += p, last = int(c);
     }
-    mass = warp_sum_double(mass);
-    last = warp_max_int(last);
+    mass = warp_sum(mass);
+    last = warp_max(last);
     if (lane == 0) s_mass[warp] = mass, s_last[warp] = last;
     __syncthreads();
     double before = 0, total = 0;
@@ -307,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) k_sample_rows(const float* x, int64_
   if (!top_k) {
     double mass = 0;
     for (int64_t c = lo + lane; c < hi; c += 32) mass += p_of(c);
-    mass = warp_sum_double(mass);
+    mass = warp_sum(mass);
     if (lane == 0) s_mass[warp] = mass;
   }
   __syncthreads();
