@@ -180,12 +180,7 @@ class Backend {
     }
     ThreadPool::global().parallel_for(r, 1, [&](int64_t b, int64_t e) {
       thread_local std::vector<PickCandidate> scratch;
-      for (int64_t i = b; i < e; ++i) {
-        const std::span<const float> row(rows + i * V, size_t(V));
-        bool finite = true;
-        for (float v : row) finite = finite && std::isfinite(v);
-        ids[size_t(i)] = finite ? pick_token(row, picks[size_t(i)], scratch) : -1;
-      }
+      for (int64_t i = b; i < e; ++i) ids[size_t(i)] = pick_row({rows + i * V, size_t(V)}, picks[size_t(i)], scratch);
     });
   }
   static int32_t first_max_or_nonfinite(const float* row, int64_t V) {

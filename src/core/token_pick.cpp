@@ -66,4 +66,10 @@ int32_t pick_token(std::span<const float> logits, const TokenPick& p, std::vecto
   return cand.back().id;
 }
 
+int32_t pick_row(std::span<const float> logits, const TokenPick& p, std::vector<PickCandidate>& scratch) {
+  for (float v : logits)
+    if (!std::isfinite(v)) return -1;
+  return pick_token(logits, p, scratch);
+}
+
 }  // namespace mb

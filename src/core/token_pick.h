@@ -33,5 +33,8 @@ struct PickCandidate {
 // The pick; -1 when the row holds no finite logit (greedy: when it holds any non-finite one, as
 // Backend::first_max_or_nonfinite). `scratch` is reused between calls.
 int32_t pick_token(std::span<const float> logits, const TokenPick& p, std::vector<PickCandidate>& scratch);
+// pick_token, or -1 when the row holds any non-finite logit (what Backend::sample_rows gives: a
+// NaN ends the request instead of being skipped).
+int32_t pick_row(std::span<const float> logits, const TokenPick& p, std::vector<PickCandidate>& scratch);
 
 }  // namespace mb

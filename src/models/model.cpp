@@ -69,9 +69,8 @@ void Model::forward_pick(const Batch& batch, KVMemory& kv, std::span<const Token
   std::vector<PickCandidate> scratch;
   for (int64_t i = 0; i < r; ++i) {
     const float* row = logits.data() + i * V;
-    ids[size_t(i)] = Backend::first_max_or_nonfinite(row, V);
-    if (!picks.empty() && ids[size_t(i)] >= 0)
-      ids[size_t(i)] = pick_token({row, size_t(V)}, picks[size_t(i)], scratch);
+    ids[size_t(i)] = picks.empty() ? Backend::first_max_or_nonfinite(row, V)
+                                   : pick_row({row, size_t(V)}, picks[size_t(i)], scratch);
   }
 }
 
