@@ -436,6 +436,101 @@ TEST_F(CudaOps, ElementwiseOps) {
   }
 }
 
+// The media towers' ops (the audio conformer's and its subsampling's), against the CPU's on the
+// shapes the towers use and on odd ones.
+TEST_F(CudaOps, TowerOps) {
+  std::mt19937 rng(61);
+  auto pair = [&](const std::vector<float>& v, std::vector<int64_t> shape) {
+    return std::make_pair(upload(cpu(), shape, v), upload(gpu(), shape, v));
+  };
+  for (int64_t d : {int64_t(37), int64_t(4096)}) {
+    const int64_t n = 9;
+    auto [xc, xg] = pair(randn(size_t(n * d), rng, 4.f), {n, d});
+    cpu().silu(xc);
+    gpu().silu(xg);
+    check("silu " + std::to_string(d), download(cpu(), xc), download(gpu(), xg), kTolF32);
+    auto [bc, bg] = pair(randn(size_t(d), rng), {d});
+    Tensor oc = poisoned(cpu(), {n, d}), og = poisoned(gpu(), {n, d});
+    cpu().add(xc, bc, oc);
+    gpu().add(xg, bg, og);
+    check("add (b: one row, broadcast) " + std::to_string(d), download(cpu(), oc), download(gpu(), og), kTolF32);
+  }
+  for (int64_t width : {int64_t(32), int64_t(128), int64_t(1152)})
+    for (bool bias : {false, true})
+      for (bool relu : {false, true}) {
+        const int64_t rows = 23;
+        auto x = randn(size_t(rows * width), rng, 3.f);
+        for (int64_t c = 0; c < width; ++c) x[size_t(c)] += 50.f;
+        auto [xc, xg] = pair(x, {rows, width});
+        auto [wc, wg] = pair(randn(size_t(width), rng), {width});
+        auto [bc, bg] = pair(randn(size_t(width), rng), {width});
+        Tensor oc = poisoned(cpu(), {rows, width}), og = poisoned(gpu(), {rows, width});
+        cpu().layer_norm(xc, wc, bias ? &bc : nullptr, 1e-6f, relu, oc);
+        gpu().layer_norm(xg, wg, bias ? &bg : nullptr, 1e-6f, relu, og);
+        check("layer_norm " + std::to_string(width) + (bias ? " bias" : "") + (relu ? " relu" : ""),
+              download(cpu(), oc), download(gpu(), og), kTolF32);
+      }
+  {  // The conformer's subsampling: 3x3 stride 2 over (time, mel), a masked frame, two passes.
+    for (auto [h, w, c] : {std::tuple<int64_t, int64_t, int64_t>{51, 128, 1}, {26, 64, 128}, {7, 5, 3}}) {
+      const Backend::Im2col conv{3, 2, 1};
+      auto [xc, xg] = pair(randn(size_t(h * w * c), rng), {h, w, c});
+      std::vector<uint8_t> valid(size_t(h), 1);
+      valid[2] = valid[size_t(h - 1)] = 0;
+      const int64_t ho = (h + 1) / 2, wo = (w + 1) / 2, half = ho / 2;
+      for (auto [r0, rows] : {std::pair<int64_t, int64_t>{0, half}, {half, ho - half}}) {
+        if (rows == 0) continue;
+        Tensor oc = poisoned(cpu(), {rows, wo, c * 9}), og = poisoned(gpu(), {rows, wo, c * 9});
+        cpu().im2col(xc, valid.data(), conv, r0, oc);
+        gpu().im2col(xg, valid.data(), conv, r0, og);
+        check("im2col " + std::to_string(h) + "x" + std::to_string(w) + "x" + std::to_string(c) + " from row " +
+                  std::to_string(r0),
+              download(cpu(), oc), download(gpu(), og), kTolF32);
+      }
+    }
+  }
+  for (int64_t n : {int64_t(2), int64_t(375)}) {
+    const int64_t D = 1024, K = 5;
+    auto [gc, gg] = pair(randn(size_t(n * 2 * D), rng, 2.f), {n, 2 * D});
+    auto [wc, wg] = pair(randn(size_t(D * K), rng, 0.5f), {D, K});
+    Tensor oc = poisoned(cpu(), {n, D}), og = poisoned(gpu(), {n, D});
+    cpu().glu_causal_conv(gc, wc, oc);
+    gpu().glu_causal_conv(gg, wg, og);
+    check("glu_causal_conv n=" + std::to_string(n), download(cpu(), oc), download(gpu(), og), kTolF32);
+  }
+  // Chunked local attention: E4B's audio shape (8 heads of 128, chunks of 12, 12 frames back), with
+  // holes in the frame mask and a padded tail whose queries see no valid key; and a small odd one.
+  struct Case {
+    int64_t n, heads, hd, chunk, left;
+  };
+  for (const Case& k : {Case{375, 8, 128, 12, 12}, Case{29, 3, 40, 5, 4}}) {
+    Backend::LocalAttention p;
+    p.chunk = k.chunk;
+    p.left = k.left;
+    p.context = k.chunk + k.left;
+    p.rel_offset = p.context / 2 - p.left;
+    p.q_scale = float(std::pow(double(k.hd), -0.5) / std::log(2.0));
+    p.k_scale = float(std::log(1.0 + std::exp(1.0)) / std::log(2.0));
+    p.logit_cap = 50.f;
+    p.invalid_logit = -1e9f;
+    std::vector<uint8_t> valid(size_t(k.n), 1);
+    for (int64_t t = 3; t < k.n; t += 7) valid[size_t(t)] = 0;
+    std::fill(valid.end() - 6, valid.end(), 0);
+    p.valid = valid.data();
+    const int64_t width = k.heads * k.hd, P = p.context / 2 + 1;
+    const std::vector<int64_t> shape{k.n, k.heads, k.hd};
+    auto [qc, qg] = pair(randn(size_t(k.n * width), rng, 2.f), shape);
+    auto [kc, kg] = pair(randn(size_t(k.n * width), rng, 2.f), shape);
+    auto [vc, vg] = pair(randn(size_t(k.n * width), rng), shape);
+    auto [gc, gg] = pair(randn(size_t(k.hd), rng, 0.5f), {k.hd});
+    auto [rc, rg] = pair(randn(size_t(P * width), rng), {P, width});
+    Tensor oc = poisoned(cpu(), shape), og = poisoned(gpu(), shape);
+    cpu().local_attention(qc, kc, vc, gc, rc, p, oc);
+    gpu().local_attention(qg, kg, vg, gg, rg, p, og);
+    check("local_attention n=" + std::to_string(k.n) + " hd=" + std::to_string(k.hd), download(cpu(), oc),
+          download(gpu(), og), kTolF32);
+  }
+}
+
 TEST_F(CudaOps, SliceGatherCopy) {
   std::mt19937 rng(7);
   const int64_t n = 23, c = 100;

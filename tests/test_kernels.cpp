@@ -866,3 +866,218 @@ TEST(Attention, PagedRowsGiveTheContiguousBits) {
       }
     }
 }
+
+// ---------------------------------------------------------------- the media towers' ops
+// Each against its definition in backend.h, computed here in double from scratch (not through the
+// backend's code), on odd sizes and the edges: masked rows, the first frames of a causal
+// convolution, queries with no valid key.
+
+namespace tower {
+
+mb::Tensor filled(std::vector<int64_t> shape, std::mt19937& rng, float sd) {
+  mb::Tensor t = mb::host_tensor(DType::F32, std::move(shape));
+  auto v = randn(size_t(t.numel()), rng, sd);
+  std::copy(v.begin(), v.end(), t.f32());
+  return t;
+}
+
+// Largest |got - want| over the largest |want|, and whether every value is finite.
+double rel_err(const float* got, const std::vector<double>& want) {
+  double diff = 0, top = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+    top = std::max(top, std::fabs(want[i]));
+  }
+  return diff / top;
+}
+
+}  // namespace tower
+
+TEST(BackendTowerOps, Im2colTimesTheWeightIsTheConvolution) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(31);
+  struct Case {
+    int64_t h, w, c, co;
+    mb::Backend::Im2col conv;
+  };
+  for (const Case& k : {Case{11, 9, 3, 5, {3, 2, 1}}, Case{6, 7, 1, 4, {3, 2, 1}}, Case{5, 8, 4, 3, {2, 1, 0}},
+                        Case{4, 5, 2, 2, {3, 1, 2}}}) {
+    mb::Tensor x = tower::filled({k.h, k.w, k.c}, rng, 1.f);
+    const int64_t kk = k.conv.kernel, patch = k.c * kk * kk;
+    mb::Tensor wt = tower::filled({k.co, patch}, rng, 0.5f);  // [C_out, C, k, k] flattened
+    std::vector<uint8_t> valid(size_t(k.h), 1);
+    valid[1] = valid[size_t(k.h - 1)] = 0;
+    const int64_t ho = (k.h + 2 * k.conv.pad - kk) / k.conv.stride + 1, wo = (k.w + 2 * k.conv.pad - kk) / k.conv.stride + 1;
+    // The output rows in two calls (row0 > 0 for the second), as the audio tower's passes make them.
+    mb::Tensor y = mb::host_tensor(DType::F32, {ho * wo, k.co});
+    const int64_t split = ho / 2;
+    for (auto [r0, rows] : {std::pair<int64_t, int64_t>{0, split}, {split, ho - split}}) {
+      if (rows == 0) continue;
+      mb::Tensor cols = mb::host_tensor(DType::F32, {rows, wo, patch});
+      be->im2col(x, valid.data(), k.conv, r0, cols);
+      mb::Tensor part = y.slice_rows(r0 * wo, rows * wo);
+      be->matmul(cols.reshaped({rows * wo, patch}), wt, part);
+    }
+    std::vector<double> want(size_t(ho * wo * k.co), 0.0);
+    for (int64_t oy = 0; oy < ho; ++oy)
+      for (int64_t ox = 0; ox < wo; ++ox)
+        for (int64_t o = 0; o < k.co; ++o) {
+          double acc = 0;
+          for (int64_t c = 0; c < k.c; ++c)
+            for (int64_t i = 0; i < kk; ++i)
+              for (int64_t j = 0; j < kk; ++j) {
+                const int64_t iy = oy * k.conv.stride - k.conv.pad + i, ix = ox * k.conv.stride - k.conv.pad + j;
+                if (iy < 0 || iy >= k.h || ix < 0 || ix >= k.w || !valid[size_t(iy)]) continue;
+                acc += double(x.f32()[(iy * k.w + ix) * k.c + c]) * double(wt.f32()[o * patch + c * kk * kk + i * kk + j]);
+              }
+          want[size_t((oy * wo + ox) * k.co + o)] = acc;
+        }
+    EXPECT_LT(tower::rel_err(y.f32(), want), 1e-6) << k.h << "x" << k.w << "x" << k.c << " kernel " << kk;
+  }
+  // Shapes that do not fit are errors, not reads past the end.
+  mb::Tensor x = tower::filled({6, 6, 2}, rng, 1.f);
+  mb::Tensor too_many = mb::host_tensor(DType::F32, {4, 3, 18});  // the grid has 3 rows
+  EXPECT_THROW(be->im2col(x, nullptr, {3, 2, 1}, 0, too_many), mb::Error);
+  mb::Tensor wrong_patch = mb::host_tensor(DType::F32, {3, 3, 9});
+  EXPECT_THROW(be->im2col(x, nullptr, {3, 2, 1}, 0, wrong_patch), mb::Error);
+}
+
+TEST(BackendTowerOps, GluCausalConvIsItsDefinition) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(32);
+  for (int64_t n : {1, 3, 40})
+    for (int64_t K : {1, 5}) {
+      const int64_t D = 13;
+      mb::Tensor g = tower::filled({n, 2 * D}, rng, 2.f), w = tower::filled({D, K}, rng, 0.7f);
+      mb::Tensor out = mb::host_tensor(DType::F32, {n, D});
+      be->glu_causal_conv(g, w, out);
+      std::vector<double> want(size_t(n * D), 0.0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < D; ++c)
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t s = t - (K - 1) + j;
+            if (s < 0) continue;
+            const double a = double(g.f32()[s * 2 * D + c]) / (1.0 + std::exp(-double(g.f32()[s * 2 * D + D + c])));
+            want[size_t(t * D + c)] += double(w.f32()[c * K + j]) * a;
+          }
+      EXPECT_LT(tower::rel_err(out.f32(), want), 1e-6) << "n " << n << " K " << K;
+    }
+  mb::Tensor g = tower::filled({4, 10}, rng, 1.f), w = tower::filled({4, 3}, rng, 1.f), out = mb::host_tensor(DType::F32, {4, 5});
+  EXPECT_THROW(be->glu_causal_conv(g, w, out), mb::Error);  // w has 4 channels, out 5
+}
+
+TEST(BackendTowerOps, LayerNormSiluAndBroadcastAddAreTheirDefinitions) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(33);
+  const int64_t rows = 7, width = 37;
+  mb::Tensor w = tower::filled({width}, rng, 1.f), b = tower::filled({width}, rng, 1.f);
+  for (bool bias : {false, true})
+    for (bool relu : {false, true}) {
+      mb::Tensor x = tower::filled({rows, width}, rng, 3.f);
+      for (int64_t c = 0; c < width; ++c) x.f32()[c] += 100.f;  // a row far from zero mean
+      std::vector<double> want(size_t(rows * width));
+      for (int64_t r = 0; r < rows; ++r) {
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < width; ++c) mean += x.f32()[r * width + c];
+        mean /= double(width);
+        for (int64_t c = 0; c < width; ++c) var += std::pow(x.f32()[r * width + c] - mean, 2);
+        var /= double(width);
+        for (int64_t c = 0; c < width; ++c) {
+          double v = (x.f32()[r * width + c] - mean) / std::sqrt(var + 1e-5) * w.f32()[c] + (bias ? b.f32()[c] : 0.0);
+          want[size_t(r * width + c)] = relu ? std::max(0.0, v) : v;
+        }
+      }
+      be->layer_norm(x, w, bias ? &b : nullptr, 1e-5f, relu, x);  // in place, as the towers call it
+      EXPECT_LT(tower::rel_err(x.f32(), want), 1e-6) << "bias " << bias << " relu " << relu;
+    }
+  {
+    mb::Tensor x = tower::filled({5, 300000 / 5}, rng, 4.f);  // past one thread's chunk
+    for (float v : {0.f, -0.f, 80.f, -80.f, 1e-30f}) x.f32()[rng() % size_t(x.numel())] = v;
+    std::vector<double> want(size_t(x.numel()));
+    for (int64_t i = 0; i < x.numel(); ++i) want[size_t(i)] = double(x.f32()[i]) / (1.0 + std::exp(-double(x.f32()[i])));
+    be->silu(x);
+    EXPECT_LT(tower::rel_err(x.f32(), want), 1e-6);
+  }
+  {
+    mb::Tensor a = tower::filled({rows, width}, rng, 1.f), bias_row = tower::filled({width}, rng, 1.f);
+    mb::Tensor full = tower::filled({rows, width}, rng, 1.f), out = mb::host_tensor(DType::F32, {rows, width});
+    std::vector<double> want(size_t(rows * width));
+    for (int64_t i = 0; i < a.numel(); ++i) want[size_t(i)] = double(a.f32()[i]) + bias_row.f32()[i % width];
+    be->add(a, bias_row, out);
+    EXPECT_LT(tower::rel_err(out.f32(), want), 1e-7);
+    for (int64_t i = 0; i < a.numel(); ++i) want[size_t(i)] = double(a.f32()[i]) + full.f32()[i];
+    be->add(a, full, out);
+    EXPECT_LT(tower::rel_err(out.f32(), want), 1e-7);
+    mb::Tensor odd = tower::filled({width + 1}, rng, 1.f);
+    EXPECT_THROW(be->add(a, odd, out), mb::Error);
+  }
+}
+
+TEST(BackendTowerOps, LocalAttentionIsTheMaskedSoftmaxOfItsDefinition) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(34);
+  struct Case {
+    int64_t n, heads, hd, chunk, left;
+  };
+  for (const Case& k : {Case{29, 2, 16, 6, 5}, Case{12, 3, 8, 4, 4}, Case{3, 1, 32, 12, 12}}) {
+    mb::Backend::LocalAttention p;
+    p.chunk = k.chunk;
+    p.left = k.left;
+    p.context = k.chunk + k.left;
+    p.rel_offset = p.context / 2 - p.left;
+    if (p.rel_offset < 0) p.rel_offset = 0;
+    p.q_scale = 0.3f;
+    p.k_scale = 1.7f;
+    p.logit_cap = 5.f;
+    p.invalid_logit = -1e9f;
+    const int64_t width = k.heads * k.hd, P = p.left + p.rel_offset + 1;
+    std::vector<uint8_t> valid(size_t(k.n), 1);
+    for (int64_t t = 0; t < k.n; t += 4) valid[size_t(t)] = 0;  // holes
+    if (k.n > 20) std::fill(valid.end() - 9, valid.end(), 0);  // a padded tail: its queries see no valid key
+    p.valid = valid.data();
+    mb::Tensor q = tower::filled({k.n, k.heads, k.hd}, rng, 1.f), kk = tower::filled({k.n, k.heads, k.hd}, rng, 1.f);
+    mb::Tensor v = tower::filled({k.n, k.heads, k.hd}, rng, 1.f), gain = tower::filled({k.hd}, rng, 0.5f);
+    mb::Tensor rel = tower::filled({P, width}, rng, 1.f), out = mb::host_tensor(DType::F32, {k.n, k.heads, k.hd});
+    be->local_attention(q, kk, v, gain, rel, p, out);
+    std::vector<double> want(size_t(k.n * width), 0.0);
+    for (int64_t t = 0; t < k.n; ++t)
+      for (int64_t h = 0; h < k.heads; ++h) {
+        const int64_t first = t / k.chunk * k.chunk - k.left;
+        std::vector<double> logit(size_t(p.context));
+        for (int64_t j = 0; j < p.context; ++j) {
+          const int64_t s = first + j, d = t - s;
+          logit[size_t(j)] = p.invalid_logit;
+          if (s < 0 || s >= k.n || !valid[size_t(s)] || d < 0 || d >= k.left) continue;
+          double dot = 0;
+          for (int64_t i = 0; i < k.hd; ++i) {
+            const double qt = double(q.f32()[(t * k.heads + h) * k.hd + i]) * p.q_scale * gain.f32()[i];
+            dot += qt * (double(kk.f32()[(s * k.heads + h) * k.hd + i]) * p.k_scale +
+                         double(rel.f32()[(d + p.rel_offset) * width + h * k.hd + i]));
+          }
+          logit[size_t(j)] = p.logit_cap * std::tanh(dot / p.logit_cap);
+        }
+        const double top = *std::max_element(logit.begin(), logit.end());
+        double sum = 0;
+        for (double l : logit) sum += std::exp(l - top);
+        for (int64_t j = 0; j < p.context; ++j) {
+          const int64_t s = first + j;
+          if (s < 0 || s >= k.n) continue;
+          for (int64_t i = 0; i < k.hd; ++i)
+            want[size_t((t * k.heads + h) * k.hd + i)] +=
+                std::exp(logit[size_t(j)] - top) / sum * v.f32()[(s * k.heads + h) * k.hd + i];
+        }
+      }
+    EXPECT_LT(tower::rel_err(out.f32(), want), 1e-5) << "n " << k.n << " chunk " << k.chunk << " left " << k.left;
+  }
+  mb::Tensor q = tower::filled({4, 2, 8}, rng, 1.f), rel = tower::filled({2, 16}, rng, 1.f);
+  mb::Tensor gain = tower::filled({8}, rng, 1.f), out = mb::host_tensor(DType::F32, {4, 2, 8});
+  std::vector<uint8_t> valid(4, 1);
+  mb::Backend::LocalAttention p;
+  p.chunk = 2;
+  p.left = 3;  // needs 3 relative rows, the table has 2
+  p.context = 5;
+  p.logit_cap = 1.f;
+  p.valid = valid.data();
+  EXPECT_THROW(be->local_attention(q, q, q, gain, rel, p, out), mb::Error);
+}

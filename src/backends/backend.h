@@ -257,7 +257,7 @@ class Backend {
   }
   // out = gelu_tanh(gate) * up (elementwise; out may alias either input).
   virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // out = a + b; out = a * b (b broadcast over rows when it has a single row); x *= s.
+  // out = a + b; out = a * b (b broadcast over rows when it has a single row: a bias, a gain); x *= s.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   virtual void mul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   virtual void scale(Tensor& x, float s) = 0;
@@ -265,6 +265,50 @@ class Backend {
   virtual void softcap(Tensor& x, float cap) = 0;
   // x = min(max(x, lo), hi) (the vision and audio towers' clipped linears).
   virtual void clamp(Tensor& x, float lo, float hi) = 0;
+  // x = x · sigmoid(x) (SiLU), in place.
+  virtual void silu(Tensor& x) = 0;
+  // torch's LayerNorm over each row of x [rows, width]: y = (x - mean) / sqrt(var + eps) · w (+ b when
+  // given), the row's mean and biased variance; then max(0, y) with relu. w, b [width]; y may alias x.
+  virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) = 0;
+  // A 2-D convolution's patches as matmul rows (im2col), for a weight [C_out, C, k, k] read as
+  // [C_out, C·k·k]. x [H, W, C] is channels-last; the output grid is H' x W', H' = (H + 2·pad - k) /
+  // stride + 1 (W' alike). cols [rows, W', C·k·k] holds output rows [row0, row0 + rows): its column
+  // c·k² + i·k + j at output (y, x) is x[stride·y - pad + i, stride·x - pad + j, c], zero outside x
+  // and in input rows whose row_valid[H] entry is 0 (row_valid null: every row counts).
+  struct Im2col {
+    int kernel = 3, stride = 1, pad = 0;
+  };
+  virtual void im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0, Tensor& cols) = 0;
+  // An im2col call's sizes, checked (an error names what does not fit).
+  struct Im2colShape {
+    int64_t h, w, c, ho, wo, rows, patch;
+  };
+  static Im2colShape im2col_shape(const Tensor& x, const Im2col& c, int64_t row0, const Tensor& cols);
+  // A gated linear unit, then a causal depthwise convolution along the rows (time): g [n, 2D] gives
+  // a[t] = g[t, :D] · sigmoid(g[t, D:]), and out [n, D] = Σ_j w[c, j] · a[t - (K-1) + j, c] over
+  // j < K, a = 0 before row 0; w [D, K].
+  virtual void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) = 0;
+  // A Conformer's chunked local self-attention with relative-position keys (Gemma 4's audio tower).
+  // q, k, v, out [n, heads, hd] (n frames); the queries come in chunks of `chunk` frames, and query t
+  // of the chunk starting at frame c0 has one softmax entry per frame s of [c0 - left, c0 - left +
+  // context). Its logit is cap · tanh((q̃·k̃_s + q̃·r_d) / cap) with q̃ = q_t · q_scale · q_gain, k̃ =
+  // k_s · k_scale, d = t - s, r_d = row d + rel_offset of rel_keys [P, heads·hd] - where s is a
+  // frame of the clip, valid[s] (a host array of n) and 0 <= d < left - else invalid_logit. The
+  // output is the softmax-weighted sum of v_s over the entries whose frame is in the clip (the others
+  // read as zero values).
+  struct LocalAttention {
+    int64_t chunk = 0, left = 0, context = 0, rel_offset = 0;
+    float q_scale = 1.f, k_scale = 1.f, logit_cap = 0.f, invalid_logit = 0.f;
+    const uint8_t* valid = nullptr;
+  };
+  virtual void local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain,
+                               const Tensor& rel_keys, const LocalAttention& p, Tensor& out) = 0;
+  struct LocalAttentionShape {
+    int64_t n, heads, hd;
+  };
+  static LocalAttentionShape local_attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   const Tensor& q_gain, const Tensor& rel_keys,
+                                                   const LocalAttention& p, const Tensor& out);
   // Mixture-of-experts routing: softmax over each row of logits [n, E], keep the top k,
   // renormalise them to sum 1, multiply by per_expert_scale[e] when given.
   virtual void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale,

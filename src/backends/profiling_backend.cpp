@@ -149,6 +149,23 @@ void ProfilingBackend::softcap(Tensor& x, float cap) {
 void ProfilingBackend::clamp(Tensor& x, float lo, float hi) {
   timed("clamp", [&] { in_.clamp(x, lo, hi); });
 }
+void ProfilingBackend::silu(Tensor& x) {
+  timed("silu", [&] { in_.silu(x); });
+}
+void ProfilingBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) {
+  timed("layer_norm", [&] { in_.layer_norm(x, w, b, eps, relu, y); });
+}
+void ProfilingBackend::im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0,
+                              Tensor& cols) {
+  timed("im2col", [&] { in_.im2col(x, row_valid, c, row0, cols); });
+}
+void ProfilingBackend::glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) {
+  timed("glu_causal_conv", [&] { in_.glu_causal_conv(g, w, out); });
+}
+void ProfilingBackend::local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain,
+                                       const Tensor& rel_keys, const LocalAttention& p, Tensor& out) {
+  timed("local_attention", [&] { in_.local_attention(q, k, v, q_gain, rel_keys, p, out); });
+}
 void ProfilingBackend::route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                                   Tensor& experts) {
   timed("route_topk", [&] { in_.route_topk(logits, k, per_expert_scale, weights, experts); });

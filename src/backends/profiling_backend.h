@@ -76,6 +76,12 @@ class ProfilingBackend : public Backend {
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
   void clamp(Tensor& x, float lo, float hi) override;
+  void silu(Tensor& x) override;
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) override;
+  void im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0, Tensor& cols) override;
+  void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) override;
+  void local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain, const Tensor& rel_keys,
+                       const LocalAttention& p, Tensor& out) override;
   void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                   Tensor& experts) override;
   void moe_gated_experts(const Tensor& x, const Tensor& gate_up, const Tensor& down, const Tensor& weights,

@@ -7,23 +7,11 @@
 
 namespace mb {
 
-void layer_norm_rows(std::span<float> x, int64_t width, std::span<const float> w, std::span<const float> b, float eps,
-                     bool relu) {
-  MB_CHECK(width > 0 && x.size() % size_t(width) == 0 && w.size() == size_t(width) && (b.empty() || b.size() == w.size()),
-           "layer norm: {} values in rows of {} with {} weights and {} biases", x.size(), width, w.size(), b.size());
-  for (float* row = x.data(); row != x.data() + x.size(); row += width) {
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < width; ++c) mean += row[c];
-    mean /= double(width);
-    for (int64_t c = 0; c < width; ++c) var += (row[c] - mean) * (row[c] - mean);
-    var /= double(width);
-    const double rstd = 1.0 / std::sqrt(var + double(eps));
-    for (int64_t c = 0; c < width; ++c) {
-      float y = float((row[c] - mean) * rstd) * w[size_t(c)];
-      if (!b.empty()) y += b[size_t(c)];
-      row[c] = relu ? std::max(0.f, y) : y;
-    }
-  }
+Tensor backend_values(Backend& be, std::span<const float> values, std::vector<int64_t> shape) {
+  Tensor t = be.alloc(DType::F32, std::move(shape));
+  MB_CHECK(size_t(t.numel()) == values.size(), "{} values for a tensor of {}", values.size(), t.shape_str());
+  be.upload(values.data(), t);
+  return t;
 }
 
 bool ClippedLinear::clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }

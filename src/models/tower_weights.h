@@ -1,5 +1,5 @@
 // What the media towers (gemma4_vision, gemma4_audio, gemma4_unified) share: reading their weights
-// from a checkpoint for a backend, Gemma 4's clipped linears, and the LayerNorm they run on the host.
+// from a checkpoint for a backend, and Gemma 4's clipped linears.
 #pragma once
 #include <limits>
 #include <span>
@@ -23,10 +23,8 @@ struct ClippedLinear {
 // y = clamp(W · clamp(x)); x is left as it was (other projections read it).
 void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y);
 
-// torch's LayerNorm over each row of x [rows, width] on the host (mean and variance in double):
-// x = (x - mean) / sqrt(var + eps) · w (+ b when given), then max(0, ·) with `relu`.
-void layer_norm_rows(std::span<float> x, int64_t width, std::span<const float> w, std::span<const float> b, float eps,
-                     bool relu = false);
+// Values computed on the host (a derived table, a reshaped weight) as an f32 tensor of `be`.
+Tensor backend_values(Backend& be, std::span<const float> values, std::vector<int64_t> shape);
 
 // Errors name the tensor and the backend.
 class TowerWeights {

@@ -27,6 +27,18 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
   MB_CHECK(t.dtype == DType::F32, "{}: {} must be F32, got {}", op, what, dtype_name(t.dtype));
 }
 
+// f(begin, end) over [0, n) elementwise, in chunks of 64K elements over the pool's threads (a
+// wake-up costs more than a smaller chunk's work).
+template <class F> void for_elements(int64_t n, F&& f) {
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  if (n <= kChunk) {
+    f(int64_t(0), n);
+    return;
+  }
+  ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, 1,
+                                    [&](int64_t b, int64_t e) { f(b * kChunk, std::min(n, e * kChunk)); });
+}
+
 // The weight of an rms_norm over rows of d, checked; null when w is.
 const float* norm_weight(const Tensor* w, int64_t d, const char* op) {
   if (!w) return nullptr;
@@ -320,7 +332,140 @@ class CpuBackend final : public Backend {
   void clamp(Tensor& x, float lo, float hi) override {
     check_f32(x, "clamp", "x");
     float* p = x.f32();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = std::min(std::max(p[i], lo), hi);
+    for_elements(x.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p[i] = std::min(std::max(p[i], lo), hi);
+    });
+  }
+
+  void silu(Tensor& x) override {
+    check_f32(x, "silu", "x");
+    float* p = x.f32();
+    for_elements(x.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) p[i] = p[i] / (1.f + std::exp(-p[i]));
+    });
+  }
+
+  // Mean and variance in double, as the towers' host LayerNorm did before it became an op.
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) override {
+    check_f32(x, "layer_norm", "x");
+    check_f32(y, "layer_norm", "y");
+    const int64_t width = x.cols(), rows = x.numel() / std::max<int64_t>(width, 1);
+    MB_CHECK(width > 0 && y.numel() == x.numel(), "layer_norm: x {} and y {} differ", x.shape_str(), y.shape_str());
+    const float* wp = norm_weight(&w, width, "layer_norm");
+    const float* bp = norm_weight(b, width, "layer_norm");
+    ThreadPool::global().parallel_for(rows, std::max<int64_t>(1, 16384 / width), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = x.f32() + r * width;
+        float* out = y.f32() + r * width;
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < width; ++c) mean += row[c];
+        mean /= double(width);
+        for (int64_t c = 0; c < width; ++c) var += (row[c] - mean) * (row[c] - mean);
+        var /= double(width);
+        const double rstd = 1.0 / std::sqrt(var + double(eps));
+        for (int64_t c = 0; c < width; ++c) {
+          float v = float((row[c] - mean) * rstd) * wp[c];
+          if (bp) v += bp[c];
+          out[c] = relu ? std::max(0.f, v) : v;
+        }
+      }
+    });
+  }
+
+  void im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0, Tensor& cols) override {
+    check_f32(x, "im2col", "x");
+    check_f32(cols, "im2col", "cols");
+    const Im2colShape g = im2col_shape(x, c, row0, cols);
+    ThreadPool::global().parallel_for(g.rows * g.wo, 16, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        const int64_t oy = row0 + o / g.wo, ox = o % g.wo;
+        float* dst = cols.f32() + o * g.patch;
+        std::fill(dst, dst + g.patch, 0.f);
+        for (int64_t i = 0; i < c.kernel; ++i) {
+          const int64_t iy = oy * c.stride - c.pad + i;
+          if (iy < 0 || iy >= g.h || (row_valid && !row_valid[iy])) continue;
+          for (int64_t j = 0; j < c.kernel; ++j) {
+            const int64_t ix = ox * c.stride - c.pad + j;
+            if (ix < 0 || ix >= g.w) continue;
+            const float* src = x.f32() + (iy * g.w + ix) * g.c;
+            for (int64_t ch = 0; ch < g.c; ++ch) dst[ch * c.kernel * c.kernel + i * c.kernel + j] = src[ch];
+          }
+        }
+      }
+    });
+  }
+
+  void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) override {
+    check_f32(g, "glu_causal_conv", "g");
+    check_f32(w, "glu_causal_conv", "w");
+    check_f32(out, "glu_causal_conv", "out");
+    const int64_t n = out.rows(), D = out.cols(), K = w.cols();
+    MB_CHECK(g.rows() == n && g.cols() == 2 * D && w.rows() == D && K > 0,
+             "glu_causal_conv: g {} and w {} do not fit out {}", g.shape_str(), w.shape_str(), out.shape_str());
+    std::vector<float> a(size_t(n * D));
+    ThreadPool::global().parallel_for(n, 8, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        for (int64_t ch = 0; ch < D; ++ch) {
+          const float gate = g.f32()[t * 2 * D + D + ch];
+          a[size_t(t * D + ch)] = g.f32()[t * 2 * D + ch] * (1.f / (1.f + std::exp(-gate)));
+        }
+    });
+    ThreadPool::global().parallel_for(n, 8, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        for (int64_t ch = 0; ch < D; ++ch) {
+          float acc = 0.f;
+          for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j)
+            acc += w.f32()[ch * K + j] * a[size_t((t - (K - 1) + j) * D + ch)];
+          out.f32()[t * D + ch] = acc;
+        }
+    });
+  }
+
+  // One query at a time: a query reads a few dozen keys, small next to the projections around it.
+  void local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain, const Tensor& rel_keys,
+                       const LocalAttention& p, Tensor& out) override {
+    for (const Tensor* t : {&q, &k, &v, &q_gain, &rel_keys, static_cast<const Tensor*>(&out)})
+      check_f32(*t, "local_attention", "every tensor");
+    const LocalAttentionShape s = local_attention_shape(q, k, v, q_gain, rel_keys, p, out);
+    const int64_t nh = s.heads, hd = s.hd, width = nh * hd, n = s.n;
+    ThreadPool::global().parallel_for(n, 4, [&](int64_t begin, int64_t end) {
+      std::vector<float> qs(static_cast<size_t>(hd)), logits(static_cast<size_t>(p.context));
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t first = t / p.chunk * p.chunk - p.left;  // the frame of the context's first entry
+        for (int64_t h = 0; h < nh; ++h) {
+          const float* qt = q.f32() + t * width + h * hd;
+          for (int64_t i = 0; i < hd; ++i) qs[size_t(i)] = qt[i] * p.q_scale * q_gain.f32()[i];
+          float max_logit = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < p.context; ++j) {
+            const int64_t src = first + j, d = t - src;
+            float logit = p.invalid_logit;
+            if (src >= 0 && src < n && p.valid[src] && d >= 0 && d < p.left) {
+              const float* ks = k.f32() + src * width + h * hd;
+              const float* r = rel_keys.f32() + (d + p.rel_offset) * width + h * hd;
+              float content = 0.f, position = 0.f;
+              for (int64_t i = 0; i < hd; ++i) {
+                content += qs[size_t(i)] * (ks[i] * p.k_scale);
+                position += qs[size_t(i)] * r[i];
+              }
+              logit = std::tanh((content + position) / p.logit_cap) * p.logit_cap;
+            }
+            logits[size_t(j)] = logit;
+            max_logit = std::max(max_logit, logit);
+          }
+          float sum = 0.f;
+          for (float& l : logits) sum += (l = std::exp(l - max_logit));
+          float* o = out.f32() + t * width + h * hd;
+          std::fill(o, o + hd, 0.f);
+          for (int64_t j = 0; j < p.context; ++j) {
+            const int64_t src = first + j;
+            if (src < 0 || src >= n) continue;  // zero values
+            const float pj = logits[size_t(j)] / sum;
+            const float* vs = v.f32() + src * width + h * hd;
+            for (int64_t i = 0; i < hd; ++i) o[i] += pj * vs[i];
+          }
+        }
+      }
+    });
   }
 
   void embed(const Tensor& table, const int32_t* ids, int64_t n, float scale, Tensor& out) override {
@@ -468,9 +613,12 @@ class CpuBackend final : public Backend {
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    MB_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: sizes differ ({} vs {})", a.shape_str(),
-             b.shape_str());
-    for (int64_t i = 0, n = a.numel(); i < n; ++i) out.f32()[i] = a.f32()[i] + b.f32()[i];
+    const int64_t n = a.numel(), bn = b.numel();
+    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0 && (bn == n || bn == a.cols()),
+             "add: sizes {} and {} do not broadcast", a.shape_str(), b.shape_str());
+    for_elements(n, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) out.f32()[i] = a.f32()[i] + b.f32()[i % bn];
+    });
   }
 
   void mul(const Tensor& a, const Tensor& b, Tensor& out) override {

@@ -663,9 +663,13 @@ class CudaBackend final : public Backend {
     cuda::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n, st_);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    MB_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: sizes differ ({} vs {})", a.shape_str(),
-             b.shape_str());
-    cuda::add(a.f32(), b.f32(), out.f32(), a.numel(), st_);
+    const int64_t n = a.numel(), bn = b.numel();
+    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0 && (bn == n || bn == a.cols()),
+             "add: sizes {} and {} do not broadcast", a.shape_str(), b.shape_str());
+    if (bn == n)
+      cuda::add(a.f32(), b.f32(), out.f32(), n, st_);
+    else
+      cuda::add_bcast(a.f32(), b.f32(), out.f32(), n, bn, st_);
   }
   void mul(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t n = a.numel(), bn = b.numel();
@@ -676,6 +680,36 @@ class CudaBackend final : public Backend {
   void scale(Tensor& x, float s) override { cuda::scale(x.f32(), x.numel(), s, st_); }
   void softcap(Tensor& x, float cap) override { cuda::softcap(x.f32(), x.numel(), cap, st_); }
   void clamp(Tensor& x, float lo, float hi) override { cuda::clamp(x.f32(), x.numel(), lo, hi, st_); }
+  void silu(Tensor& x) override { cuda::silu(x.f32(), x.numel(), st_); }
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) override {
+    MB_CHECK(x.numel() == y.numel() && x.cols() > 0, "layer_norm: x {} and y {} differ", x.shape_str(),
+             y.shape_str());
+    cuda::layer_norm(x.f32(), norm_weight(&w, x.cols(), "layer_norm"), norm_weight(b, x.cols(), "layer_norm"), eps,
+                     relu, x.rows(), x.cols(), y.f32(), st_);
+  }
+  void im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0, Tensor& cols) override {
+    const Im2colShape g = im2col_shape(x, c, row0, cols);
+    cuda::im2col(x.f32(), dev(row_valid, row_valid ? g.h : 0), g.h, g.w, g.c, c.kernel, c.stride, c.pad, row0, g.rows,
+                 g.wo, cols.f32(), st_);
+  }
+  void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) override {
+    const int64_t n = out.rows(), D = out.cols(), K = w.cols();
+    MB_CHECK(g.rows() == n && g.cols() == 2 * D && w.rows() == D && K > 0 && w.dtype == DType::F32,
+             "glu_causal_conv: g {} and w {} {} do not fit out {}", g.shape_str(), dtype_name(w.dtype), w.shape_str(),
+             out.shape_str());
+    cuda::glu_causal_conv(g.f32(), w.f32(), n, D, K, out.f32(), st_);
+  }
+  void local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain, const Tensor& rel_keys,
+                       const LocalAttention& p, Tensor& out) override {
+    const LocalAttentionShape s = local_attention_shape(q, k, v, q_gain, rel_keys, p, out);
+    MB_CHECK(s.hd <= cuda::kLocalAttnMaxHeadDim && p.context <= cuda::kLocalAttnMaxContext,
+             "cuda local_attention: head dim {} (at most {}) or context {} (at most {}) too large", s.hd,
+             cuda::kLocalAttnMaxHeadDim, p.context, cuda::kLocalAttnMaxContext);
+    const cuda::LocalAttnArgs a{p.chunk, p.left, p.context, p.rel_offset, p.q_scale, p.k_scale, p.logit_cap,
+                                p.invalid_logit};
+    cuda::local_attention(q.f32(), k.f32(), v.f32(), q_gain.f32(), rel_keys.f32(), dev(p.valid, s.n), s.n, s.heads,
+                          s.hd, a, out.f32(), st_);
+  }
 
   void route_topk(const Tensor& logits, int k, const Tensor* per_expert_scale, Tensor& weights,
                   Tensor& experts) override {

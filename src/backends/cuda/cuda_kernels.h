@@ -141,6 +141,25 @@ void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
+// out[i] = a[i] + b[i % bn]
+void add_bcast(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
+void silu(float* x, int64_t n, cudaStream_t st);
+// backend.h's layer_norm (b may be null), im2col, glu_causal_conv (w [D, K]) and local_attention
+// (head dims up to kLocalAttnMaxHeadDim; context * 16 bytes of shared memory).
+void layer_norm(const float* x, const float* w, const float* b, float eps, bool relu, int64_t rows, int64_t cols,
+                float* y, cudaStream_t st);
+void im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int64_t c, int kernel, int stride, int pad,
+            int64_t row0, int64_t rows, int64_t wo, float* cols, cudaStream_t st);
+void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64_t K, float* out, cudaStream_t st);
+inline constexpr int64_t kLocalAttnMaxHeadDim = 256;
+inline constexpr int64_t kLocalAttnMaxContext = 3072;
+struct LocalAttnArgs {
+  int64_t chunk, left, context, rel_offset;
+  float q_scale, k_scale, logit_cap, invalid_logit;
+};
+void local_attention(const float* q, const float* k, const float* v, const float* q_gain, const float* rel_keys,
+                     const uint8_t* valid, int64_t n, int64_t heads, int64_t hd, const LocalAttnArgs& a, float* out,
+                     cudaStream_t st);
 void scale(float* x, int64_t n, float s, cudaStream_t st);
 void softcap(float* x, int64_t n, float cap, cudaStream_t st);
 void clamp(float* x, int64_t n, float lo, float hi, cudaStream_t st);

@@ -319,7 +319,84 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
   launch_kernel(k_attention<C, GH>, grid, kAttnWarps * 32, smem, st, seqs, a, row0, S, q, out, part);
 }
 
+// Chunked local attention (backend.h's local_attention), one warp per (frame, head): a query reads
+// `left` keys at most, so the warp's lanes share each dot product over the head dims and the
+// logits sit in shared memory; the softmax and the value sum follow the host's order.
+constexpr int kLocalWarps = 4;
+constexpr int kLocalDimsPerLane = kLocalAttnMaxHeadDim / 32;
+__global__ void k_local_attention(const float* q, const float* k, const float* v, const float* q_gain,
+                                  const float* rel, const uint8_t* valid, int64_t n, int64_t nh, int64_t hd,
+                                  LocalAttnArgs a, float* out) {
+  pdl_begin();
+  extern __shared__ float local_logits[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kLocalWarps + warp;
+  if (item >= n * nh) return;
+  const int64_t t = item / nh, h = item % nh, width = nh * hd;
+  float* logits = local_logits + warp * a.context;
+  const int64_t first = t / a.chunk * a.chunk - a.left;
+  float qs[kLocalDimsPerLane], o[kLocalDimsPerLane];
+#pragma unroll
+  for (int r = 0; r < kLocalDimsPerLane; ++r) {
+    const int64_t i = lane + 32 * r;
+    qs[r] = i < hd ? q[t * width + h * hd + i] * a.q_scale * q_gain[i] : 0.f;
+    o[r] = 0.f;
+  }
+  float mx = -FLT_MAX;
+  for (int64_t j = 0; j < a.context; ++j) {
+    const int64_t s = first + j, d = t - s;
+    float logit = a.invalid_logit;
+    if (s >= 0 && s < n && valid[s] && d >= 0 && d < a.left) {
+      const float* ks = k + s * width + h * hd;
+      const float* rs = rel + (d + a.rel_offset) * width + h * hd;
+      float content = 0.f, position = 0.f;
+#pragma unroll
+      for (int r = 0; r < kLocalDimsPerLane; ++r) {
+        const int64_t i = lane + 32 * r;
+        if (i < hd) {
+          content += qs[r] * (ks[i] * a.k_scale);
+          position += qs[r] * rs[i];
+        }
+      }
+      content = warp_sum(content);
+      position = warp_sum(position);
+      logit = tanhf((content + position) / a.logit_cap) * a.logit_cap;
+    }
+    if (lane == 0) logits[j] = logit;
+    mx = fmaxf(mx, logit);
+  }
+  __syncwarp();
+  float sum = 0.f;
+  for (int64_t j = 0; j < a.context; ++j) sum += expf(logits[j] - mx);
+  for (int64_t j = 0; j < a.context; ++j) {
+    const int64_t s = first + j;
+    if (s < 0 || s >= n) continue;  // zero values
+    const float p = expf(logits[j] - mx) / sum;
+    const float* vs = v + s * width + h * hd;
+#pragma unroll
+    for (int r = 0; r < kLocalDimsPerLane; ++r) {
+      const int64_t i = lane + 32 * r;
+      if (i < hd) o[r] += p * vs[i];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kLocalDimsPerLane; ++r) {
+    const int64_t i = lane + 32 * r;
+    if (i < hd) out[t * width + h * hd + i] = o[r];
+  }
+}
+
 }  // namespace
+
+void local_attention(const float* q, const float* k, const float* v, const float* q_gain, const float* rel_keys,
+                     const uint8_t* valid, int64_t n, int64_t heads, int64_t hd, const LocalAttnArgs& a, float* out,
+                     cudaStream_t st) {
+  if (n * heads == 0) return;
+  const int64_t blocks = (n * heads + kLocalWarps - 1) / kLocalWarps;
+  launch_kernel(k_local_attention, unsigned(blocks), kLocalWarps * 32, size_t(kLocalWarps * a.context) * 4, st, q, k,
+                v, q_gain, rel_keys, valid, n, heads, hd, a, out);
+  check_launch("local_attention");
+}
 
 int64_t attention_splits(const AttnArgs& a) {
   // Enough splits to fill the GPU twice over, of at least 32 keys each and at most 512: a warp

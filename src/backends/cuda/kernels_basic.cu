@@ -173,6 +173,62 @@ __global__ void k_add(const float* a, const float* b, float* o, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = a[i] + b[i];
 }
+__global__ void k_add_bcast(const float* a, const float* b, float* o, int64_t n, int64_t bn) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = a[i] + b[i % bn];
+}
+__global__ void k_silu(float* x, int64_t n) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = x[i] / (1.f + expf(-x[i]));
+}
+// One block per row: the mean, then the variance around it (two passes over the row, as the host's).
+__global__ void k_layer_norm(const float* x, const float* w, const float* b, float eps, int relu, int64_t cols,
+                             float* y) {
+  pdl_begin();
+  __shared__ float red[32];
+  const float* xr = x + blockIdx.x * cols;
+  float* yr = y + blockIdx.x * cols;
+  float sum = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c];
+  const float mean = block_sum(sum, red) / float(cols);
+  float ss = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += (xr[c] - mean) * (xr[c] - mean);
+  const float rstd = rsqrtf(block_sum(ss, red) / float(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float v = (xr[c] - mean) * rstd * w[c];
+    if (b) v += b[c];
+    yr[c] = relu ? fmaxf(v, 0.f) : v;
+  }
+}
+// One thread per value of cols [rows, wo, C·k·k]; consecutive threads take consecutive columns.
+__global__ void k_im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int64_t c, int kernel,
+                         int stride, int pad, int64_t row0, int64_t rows, int64_t wo, float* cols) {
+  pdl_begin();
+  const int64_t kk = int64_t(kernel) * kernel, patch = c * kk, n = rows * wo * patch;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t col = e % patch, o = e / patch, oy = row0 + o / wo, ox = o % wo;
+    const int64_t ch = col / kk, i = col % kk / kernel, j = col % kernel;
+    const int64_t iy = oy * stride - pad + i, ix = ox * stride - pad + j;
+    const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w && (!row_valid || row_valid[iy]);
+    cols[e] = inside ? x[(iy * w + ix) * c + ch] : 0.f;
+  }
+}
+// One thread per (t, channel): the K gated values it reads are recomputed (K is a handful).
+__global__ void k_glu_causal_conv(const float* g, const float* wt, int64_t n, int64_t D, int64_t K, float* out) {
+  pdl_begin();
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n * D; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / D, c = e % D;
+    float acc = 0.f;
+    for (int64_t j = K - 1 - t > 0 ? K - 1 - t : 0; j < K; ++j) {
+      const int64_t s = t - (K - 1) + j;
+      const float gate = g[s * 2 * D + D + c];
+      acc += wt[c * K + j] * (g[s * 2 * D + c] * (1.f / (1.f + expf(-gate))));
+    }
+    out[e] = acc;
+  }
+}
 __global__ void k_mul(const float* a, const float* b, float* o, int64_t n, int64_t bn) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -467,6 +523,34 @@ void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st)
   if (n == 0) return;
   launch_kernel(k_add, grid_1d(n), 256, 0, st, a, b, out, n);
   check_launch("add");
+}
+void add_bcast(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st) {
+  if (n == 0) return;
+  launch_kernel(k_add_bcast, grid_1d(n), 256, 0, st, a, b, out, n, bn);
+  check_launch("add (broadcast)");
+}
+void silu(float* x, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  launch_kernel(k_silu, grid_1d(n), 256, 0, st, x, n);
+  check_launch("silu");
+}
+void layer_norm(const float* x, const float* w, const float* b, float eps, bool relu, int64_t rows, int64_t cols,
+                float* y, cudaStream_t st) {
+  if (rows == 0) return;
+  launch_kernel(k_layer_norm, unsigned(rows), norm_threads(cols), 0, st, x, w, b, eps, int(relu), cols, y);
+  check_launch("layer_norm");
+}
+void im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int64_t c, int kernel, int stride, int pad,
+            int64_t row0, int64_t rows, int64_t wo, float* cols, cudaStream_t st) {
+  const int64_t n = rows * wo * c * kernel * kernel;
+  if (n == 0) return;
+  launch_kernel(k_im2col, grid_1d(n), 256, 0, st, x, row_valid, h, w, c, kernel, stride, pad, row0, rows, wo, cols);
+  check_launch("im2col");
+}
+void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64_t K, float* out, cudaStream_t st) {
+  if (n * D == 0) return;
+  launch_kernel(k_glu_causal_conv, grid_1d(n * D), 256, 0, st, g, w, n, D, K, out);
+  check_launch("glu_causal_conv");
 }
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st) {
   if (n == 0) return;

@@ -33,8 +33,6 @@ struct FeedForward {
 
 // torch.nn.functional.softplus (beta 1, threshold 20).
 float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-float silu(float x) { return x / (1.f + std::exp(-x)); }
 }  // namespace
 
 struct AudioEncoder::Weights {
@@ -42,14 +40,14 @@ struct AudioEncoder::Weights {
     FeedForward ff1, ff2;
     Tensor pre_attn_norm, post_attn_norm, out_norm;
     ClippedLinear q, k, v, post;
-    std::vector<float> q_gain;    // [hd] softplus(per_dim_scale)
-    std::vector<float> rel_keys;  // [P, nh, hd] relative_k_proj(PE(p)) for relative position p = 0 .. P-1
+    Tensor q_gain;    // [hd] softplus(per_dim_scale)
+    Tensor rel_keys;  // [P, nh · hd] relative_k_proj(PE(p)) for relative position p = 0 .. P-1
     Tensor conv_pre_norm, conv_norm;
     ClippedLinear conv_start, conv_end;  // D -> 2D (GLU), D -> D
-    std::vector<float> depthwise;        // [D, K]
+    Tensor depthwise;                    // [D, K]
   };
   Tensor conv0, conv1, input_proj, output_proj, projector;  // conv weights as [C, C_in · 9] im2col matrices
-  std::vector<float> norm0, norm1, output_bias;             // [C0], [C1], [O]
+  Tensor norm0, norm1, output_bias;                         // [C0], [C1], [O]
   std::vector<Layer> layers;
   int64_t proj_in = 0;  // input_proj_linear's input width: F2 · C1 for the mel bins the tower was built for
 };
@@ -137,12 +135,12 @@ AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
   // F = C0 mel bins (128 on the released models); encode() checks the features against it.
   w_->proj_in = (C0 / 4) * C1;
   w_->conv0 = matrix(sscp + "layer0.conv.weight", {C0, 1, 3, 3});
-  w_->norm0 = host_values(sscp + "layer0.norm.weight", {C0});
+  w_->norm0 = vec(sscp + "layer0.norm.weight", C0);
   w_->conv1 = matrix(sscp + "layer1.conv.weight", {C1, C0, 3, 3});
-  w_->norm1 = host_values(sscp + "layer1.norm.weight", {C1});
+  w_->norm1 = vec(sscp + "layer1.norm.weight", C1);
   w_->input_proj = matrix(sscp + "input_proj_linear.weight", {D, w_->proj_in});
   w_->output_proj = matrix(t + "output_proj.weight", {O, D});
-  w_->output_bias = host_values(t + "output_proj.bias", {O});
+  w_->output_bias = vec(t + "output_proj.bias", O);
   w_->projector = matrix(kProjector, {cfg_.text_hidden, O});
 
   // Relative positions p = 0 .. P-1 (transformers builds them from context_size / 2 down to 0):
@@ -177,20 +175,18 @@ AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
     L.k = linear(p + "self_attn.k_proj", nh * hd, D);
     L.v = linear(p + "self_attn.v_proj", nh * hd, D);
     L.post = linear(p + "self_attn.post", D, nh * hd);
-    L.q_gain = host_values(p + "self_attn.per_dim_scale", {hd});
-    for (float& g : L.q_gain) g = softplus(g);  // in f32 (a bf16 model's transformers run takes it in bf16)
-    {  // The relative keys depend on the weights alone: computed once here.
-      const Tensor rel_w = matrix(p + "self_attn.relative_k_proj.weight", {nh * hd, D});
-      Tensor rel = be_.scratch(DType::F32, {P, nh * hd});
-      be_.matmul(pe_rows, rel_w, rel);
-      L.rel_keys.resize(size_t(P * nh * hd));
-      be_.to_host(rel, L.rel_keys.data());
-    }
+    std::vector<float> q_gain = host_values(p + "self_attn.per_dim_scale", {hd});
+    for (float& g : q_gain) g = softplus(g);  // in f32 (a bf16 model's transformers run takes it in bf16)
+    L.q_gain = backend_values(be_, q_gain, {hd});
+    // The relative keys depend on the weights alone: computed once here.
+    const Tensor rel_w = matrix(p + "self_attn.relative_k_proj.weight", {nh * hd, D});
+    L.rel_keys = be_.alloc(DType::F32, {P, nh * hd});
+    be_.matmul(pe_rows, rel_w, L.rel_keys);
     L.conv_pre_norm = vec(p + "lconv1d.pre_layer_norm.weight", D);
     L.conv_norm = vec(p + "lconv1d.conv_norm.weight", D);
     L.conv_start = linear(p + "lconv1d.linear_start", 2 * D, D);
     L.conv_end = linear(p + "lconv1d.linear_end", D, D);
-    L.depthwise = host_values(p + "lconv1d.depthwise_conv1d.weight", {D, 1, K});
+    L.depthwise = backend_values(be_, host_values(p + "lconv1d.depthwise_conv1d.weight", {D, 1, K}), {D, K});
   }
 }
 
@@ -203,15 +199,6 @@ std::vector<float> download(Backend& be, const Tensor& t) {
   return v;
 }
 
-// x = SiLU(x) on the host: no backend op for it; small next to the matmuls around it.
-void silu_on_host(Backend& be, Tensor& x) {
-  std::vector<float> v = download(be, x);
-  for (float& e : v) e = silu(e);
-  be.upload(v.data(), x);
-}
-
-// Rows of x [rows, width] = ReLU(LayerNorm(row) · w), a LayerNorm with a weight and no bias, on the host: no
-// backend op for it; small next to the matmuls.
 // x = x + residual_weight · RMSNorm(clamp(W2 · SiLU(W1 · RMSNorm(clamp(x)))))  (Gemma4AudioFeedForward).
 void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tensor& h) {
   const int64_t n = h.rows();
@@ -223,7 +210,7 @@ void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tenso
   Tensor u = be.scratch(DType::F32, {n, c.ffn});
   clipped_matmul(be, a, f.up, u);
   a = Tensor();
-  silu_on_host(be, u);
+  be.silu(u);
   Tensor m = be.scratch(DType::F32, {n, c.hidden});
   clipped_matmul(be, u, f.down, m);
   u = Tensor();
@@ -233,29 +220,7 @@ void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tenso
   be.add(h, m, h);
 }
 
-// GLU of g [n, 2D] (first half · sigmoid(second half)), then the causal depthwise convolution: K taps over the
-// frame and the K-1 before it, zeros before the clip. On the host: no backend op for them; small next to the
-// matmuls. Returns [n, D].
-std::vector<float> glu_causal_conv(const std::vector<float>& g, int64_t n, int64_t D, const std::vector<float>& w,
-                                   int64_t K) {
-  std::vector<float> gated(size_t(n * D));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t c = 0; c < D; ++c)
-      gated[size_t(t * D + c)] = g[size_t(t * 2 * D + c)] * sigmoid(g[size_t(t * 2 * D + D + c)]);
-  std::vector<float> out(size_t(n * D));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t c = 0; c < D; ++c) {
-      float acc = 0.f;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j)
-        acc += w[size_t(c * K + j)] * gated[size_t((t - (K - 1) + j) * D + c)];
-      out[size_t(t * D + c)] = acc;
-    }
-  return out;
-}
-
-// Gemma4AudioAttention's chunked local attention, one query at a time, on the host: no backend op for it; small
-// next to the matmuls (a query reads a few dozen keys). q, k, v [n, nh, hd] as projected, valid [n] the frame
-// mask, q_gain [hd] softplus(per_dim_scale), rel_keys [P, nh, hd]; returns [n, nh, hd].
+// Gemma4AudioAttention's chunked local attention as the backend's local_attention op takes it.
 // transformers groups the queries in chunks of C; a chunk's queries see the C + L frames of context that start
 // L = context_left - 1 frames before the chunk, frames outside the clip reading as zero keys and values. The
 // logit of the key d frames back is q·k + q·r(d), soft-capped, where that key is a valid frame and 0 <= d < L
@@ -265,61 +230,25 @@ std::vector<float> glu_causal_conv(const std::vector<float>& g, int64_t n, int64
 // (row d on the released configs). This is the boolean mask transformers builds with its default ("sdpa")
 // attention implementation; with "eager" its additive 0/-inf mask goes through the same masked_fill(~mask) and
 // comes out inverted (5.17.0), which no real run uses.
-std::vector<float> local_attention(const AudioConfig& c, const std::vector<float>& q, std::vector<float> k,
-                                   const std::vector<float>& v, const std::vector<uint8_t>& valid,
-                                   const std::vector<float>& q_gain, const std::vector<float>& rel_keys) {
-  const int64_t n = int64_t(valid.size()), nh = c.heads, hd = c.head_dim, width = nh * hd;
-  const int64_t L = c.context_left - 1, C = c.chunk_size, context = C + L + c.context_right;
-  const int64_t rel_offset = context / 2 - L;
+Backend::LocalAttention local_attention_params(const AudioConfig& c, const uint8_t* valid) {
+  Backend::LocalAttention p;
+  p.chunk = c.chunk_size;
+  p.left = c.context_left - 1;
+  p.context = c.chunk_size + p.left + c.context_right;
+  p.rel_offset = p.context / 2 - p.left;
   // Python floats that transformers multiplies f32 tensors by (as f32).
-  const float q_scale = float(std::pow(double(hd), -0.5) / std::log(2.0));
-  const float k_scale = float(std::log(1.0 + std::exp(1.0)) / std::log(2.0));
-  for (float& e : k) e *= k_scale;
-  std::vector<float> out(size_t(n * width), 0.f);
-  ThreadPool::global().parallel_for(n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs(static_cast<size_t>(hd)), logits(static_cast<size_t>(context));
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t first = t / C * C - L;  // the frame of the context's first entry
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qt = q.data() + t * width + h * hd;
-        for (int64_t i = 0; i < hd; ++i) qs[size_t(i)] = qt[i] * q_scale * q_gain[size_t(i)];
-        float max_logit = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < context; ++j) {
-          const int64_t s = first + j, d = t - s;
-          float logit = c.invalid_logit;
-          if (s >= 0 && s < n && valid[size_t(s)] && d >= 0 && d < L) {
-            const float* ks = k.data() + s * width + h * hd;
-            const float* r = rel_keys.data() + (d + rel_offset) * width + h * hd;
-            float content = 0.f, position = 0.f;
-            for (int64_t i = 0; i < hd; ++i) {
-              content += qs[size_t(i)] * ks[i];
-              position += qs[size_t(i)] * r[i];
-            }
-            logit = std::tanh((content + position) / c.logit_cap) * c.logit_cap;
-          }
-          logits[size_t(j)] = logit;
-          max_logit = std::max(max_logit, logit);
-        }
-        float sum = 0.f;
-        for (float& l : logits) sum += (l = std::exp(l - max_logit));
-        float* o = out.data() + t * width + h * hd;
-        for (int64_t j = 0; j < context; ++j) {
-          const int64_t s = first + j;
-          if (s < 0 || s >= n) continue;  // zero values
-          const float p = logits[size_t(j)] / sum;
-          const float* vs = v.data() + s * width + h * hd;
-          for (int64_t i = 0; i < hd; ++i) o[i] += p * vs[i];
-        }
-      }
-    }
-  });
-  return out;
+  p.q_scale = float(std::pow(double(c.head_dim), -0.5) / std::log(2.0));
+  p.k_scale = float(std::log(1.0 + std::exp(1.0)) / std::log(2.0));
+  p.logit_cap = c.logit_cap;
+  p.invalid_logit = c.invalid_logit;
+  p.valid = valid;
+  return p;
 }
 }  // namespace
 
 std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<const uint8_t> valid, int n_mels) {
   const int64_t T = int64_t(valid.size()), F = n_mels, D = cfg_.hidden, C0 = cfg_.sscp_channels[0],
-                C1 = cfg_.sscp_channels[1], K = cfg_.conv_kernel, O = cfg_.output_dims, H = cfg_.text_hidden;
+                C1 = cfg_.sscp_channels[1], O = cfg_.output_dims, H = cfg_.text_hidden;
   MB_CHECK(T > 0 && F > 0 && mel.size() == size_t(T) * size_t(F),
            "audio encoder: {} feature values for {} frames of {} mel bins", mel.size(), T, n_mels);
   const int64_t T1 = (T + 1) / 2, F1 = (F + 1) / 2, n = (T1 + 1) / 2, F2 = (F1 + 1) / 2;
@@ -343,59 +272,38 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
   const int64_t M = int64_t(kept.size());
 
   // Sub-sampling: 3x3 stride-2 convolutions (padding 1, no bias) over the (time, mel) image as im2col matmuls,
-  // each followed by a LayerNorm over its channels and a ReLU; invalid frames are zeroed before each.
+  // each followed by a LayerNorm over its channels and a ReLU; invalid frames read as zeros in each.
   // [T, F] -> [T1, F1, C0] -> [n, F2, C1] -> [n, D]
-  std::vector<float> cols(size_t(T1 * F1 * 9), 0.f);
-  for (int64_t t1 = 0; t1 < T1; ++t1)
-    for (int64_t f1 = 0; f1 < F1; ++f1)
-      for (int64_t kh = 0; kh < 3; ++kh)
-        for (int64_t kw = 0; kw < 3; ++kw) {
-          const int64_t t = 2 * t1 - 1 + kh, f = 2 * f1 - 1 + kw;
-          if (t >= 0 && t < T && f >= 0 && f < F && valid[size_t(t)])
-            cols[size_t((t1 * F1 + f1) * 9 + kh * 3 + kw)] = mel[size_t(t * F + f)];
-        }
-  Tensor x0 = be_.scratch(DType::F32, {T1 * F1, 9});
-  be_.upload(cols.data(), x0);
-  Tensor y0 = be_.scratch(DType::F32, {T1 * F1, C0});
-  be_.matmul(x0, w_->conv0, y0);
+  const Backend::Im2col conv{3, 2, 1};
+  Tensor features = be_.scratch(DType::F32, {T, F, 1});
+  be_.upload(mel.data(), features);
+  Tensor x0 = be_.scratch(DType::F32, {T1, F1, 9});
+  be_.im2col(features, valid.data(), conv, 0, x0);
+  features = Tensor();
+  Tensor z1 = be_.scratch(DType::F32, {T1, F1, C0});
+  be_.matmul(x0.reshaped({T1 * F1, 9}), w_->conv0, z1);
   x0 = Tensor();
-  std::vector<float> z1 = download(be_, y0);
-  y0 = Tensor();
-  layer_norm_rows(z1, C0, w_->norm0, {}, cfg_.eps, /*relu=*/true);
-  for (int64_t t1 = 0; t1 < T1; ++t1)
-    if (!mask1[size_t(t1)]) std::fill_n(z1.begin() + t1 * F1 * C0, F1 * C0, 0.f);
+  be_.layer_norm(z1, w_->norm0, nullptr, cfg_.eps, /*relu=*/true, z1);
 
   // The second convolution a few frames at a time (its im2col is 9 · C0 wide).
   const int64_t patch = C0 * 9, frames_per_pass = std::max<int64_t>(1, kIm2colBudget / (F2 * patch));
-  std::vector<float> z2(size_t(n * F2 * C1));
+  Tensor z2 = be_.scratch(DType::F32, {n * F2, C1});
   for (int64_t begin = 0; begin < n; begin += frames_per_pass) {
     const int64_t frames = std::min(frames_per_pass, n - begin);
-    cols.assign(size_t(frames * F2 * patch), 0.f);
-    for (int64_t t2 = begin; t2 < begin + frames; ++t2)
-      for (int64_t f2 = 0; f2 < F2; ++f2)
-        for (int64_t kh = 0; kh < 3; ++kh)
-          for (int64_t kw = 0; kw < 3; ++kw) {
-            const int64_t t1 = 2 * t2 - 1 + kh, f1 = 2 * f2 - 1 + kw;
-            if (t1 < 0 || t1 >= T1 || f1 < 0 || f1 >= F1) continue;
-            const float* src = z1.data() + (t1 * F1 + f1) * C0;
-            float* dst = cols.data() + ((t2 - begin) * F2 + f2) * patch + kh * 3 + kw;  // column c · 9 + kh · 3 + kw
-            for (int64_t c = 0; c < C0; ++c) dst[c * 9] = src[c];
-          }
-    Tensor x1 = be_.scratch(DType::F32, {frames * F2, patch});
-    be_.upload(cols.data(), x1);
-    Tensor y1 = be_.scratch(DType::F32, {frames * F2, C1});
-    be_.matmul(x1, w_->conv1, y1);
-    be_.to_host(y1, z2.data() + begin * F2 * C1);
+    Tensor x1 = be_.scratch(DType::F32, {frames, F2, patch});
+    be_.im2col(z1, mask1.data(), conv, begin, x1);
+    Tensor y1 = z2.slice_rows(begin * F2, frames * F2);
+    be_.matmul(x1.reshaped({frames * F2, patch}), w_->conv1, y1);
   }
-  z1 = cols = {};
-  layer_norm_rows(z2, C1, w_->norm1, {}, cfg_.eps, /*relu=*/true);
-  Tensor flat = be_.scratch(DType::F32, {n, F2 * C1});  // a frame's values in (mel, channel) order
-  be_.upload(z2.data(), flat);
+  z1 = Tensor();
+  be_.layer_norm(z2, w_->norm1, nullptr, cfg_.eps, /*relu=*/true, z2);
   Tensor h = be_.scratch(DType::F32, {n, D});
-  be_.matmul(flat, w_->input_proj, h);
-  flat = Tensor();
+  be_.matmul(z2.reshaped({n, F2 * C1}), w_->input_proj, h);  // a frame's values in (mel, channel) order
+  z2 = Tensor();
 
   const float clip = cfg_.gradient_clipping;
+  const int64_t nh = cfg_.heads, hd = cfg_.head_dim;
+  const Backend::LocalAttention attention = local_attention_params(cfg_, mask2.data());
   for (const Weights::Layer& L : w_->layers) {
     feed_forward(be_, L.ff1, cfg_, h);
 
@@ -410,14 +318,13 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
     clipped_matmul(be_, a, L.k, k);
     clipped_matmul(be_, a, L.v, v);
     a = Tensor();
-    const std::vector<float> att =
-        local_attention(cfg_, download(be_, q), download(be_, k), download(be_, v), mask2, L.q_gain, L.rel_keys);
+    Tensor att = be_.scratch(DType::F32, {n, nh, hd});
+    be_.local_attention(q.reshaped({n, nh, hd}), k.reshaped({n, nh, hd}), v.reshaped({n, nh, hd}), L.q_gain,
+                        L.rel_keys, attention, att);
     q = k = v = Tensor();
-    Tensor att_rows = be_.scratch(DType::F32, {n, D});
-    be_.upload(att.data(), att_rows);
     Tensor o = be_.scratch(DType::F32, {n, D});
-    clipped_matmul(be_, att_rows, L.post, o);
-    att_rows = Tensor();
+    clipped_matmul(be_, att.reshaped({n, D}), L.post, o);
+    att = Tensor();
     be_.clamp(o, -clip, clip);
     be_.add_rms_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false);
     o = Tensor();
@@ -428,13 +335,12 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
     Tensor g = be_.scratch(DType::F32, {n, 2 * D});
     clipped_matmul(be_, b, L.conv_start, g);
     b = Tensor();
-    const std::vector<float> conv = glu_causal_conv(download(be_, g), n, D, L.depthwise, K);
-    g = Tensor();
     Tensor cv = be_.scratch(DType::F32, {n, D});
-    be_.upload(conv.data(), cv);
+    be_.glu_causal_conv(g, L.depthwise, cv);
+    g = Tensor();
     be_.clamp(cv, -clip, clip);
     be_.rms_norm(cv, &L.conv_norm, cfg_.eps, false, cv);
-    silu_on_host(be_, cv);
+    be_.silu(cv);
     Tensor e = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, cv, L.conv_end, e);
     cv = Tensor();
@@ -454,12 +360,7 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
   Tensor s = be_.scratch(DType::F32, {M, O});
   be_.matmul(kept_rows, w_->output_proj, s);
   kept_rows = Tensor();
-  {  // The bias on the host: no backend op adds a row to every row; small next to the matmuls.
-    std::vector<float> rows = download(be_, s);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = 0; j < O; ++j) rows[size_t(r * O + j)] += w_->output_bias[size_t(j)];
-    be_.upload(rows.data(), s);
-  }
+  be_.add(s, w_->output_bias, s);
   be_.rms_norm(s, nullptr, cfg_.eps, false, s);
   Tensor soft = be_.scratch(DType::F32, {M, H});
   be_.matmul(s, w_->projector, soft);

@@ -14,16 +14,13 @@ namespace {
 constexpr const char* kVision = "model.vision_embedder.";
 constexpr const char* kVisionProjector = "model.embed_vision.embedding_projection.weight";
 constexpr const char* kAudioProjector = "model.embed_audio.embedding_projection.weight";
-
-// torch.nn.LayerNorm over each row of x [n, d], in place: (x - mean) / sqrt(var + eps) · w + b, the
-// variance biased, in f32 as PyTorch's CPU kernel. No backend op has a mean-subtracting norm; this
-// runs once per image on n ≤ 1120 rows.
 }  // namespace
 
 struct UnifiedEmbedders::Weights {
   int patch_side = 0, pos_table = 0, mm_dim = 0, out_dim = 0, hidden = 0, audio_samples = 640;
   float vision_eps = 1e-6f, audio_eps = 1e-6f;
-  std::vector<float> ln1_w, ln1_b, dense_b, ln2_w, ln2_b, pos, pos_w, pos_b;
+  Tensor ln1_w, ln1_b, dense_b, ln2_w, ln2_b, pos_w, pos_b;  // [P] or [D]
+  Tensor pos;                                                 // lookup rows [pos_table · 2, D]: (x, 0), (y, 1)
   Tensor dense, vision_proj, audio_proj;
 };
 
@@ -34,9 +31,7 @@ UnifiedEmbedders::UnifiedEmbedders(std::shared_ptr<const Checkpoint> ck, Backend
   w_->hidden = ck_->config.hidden_size;
   const TowerWeights tw(*ck_, be_);
   auto matrix = [&](const std::string& name, std::vector<int64_t> shape) { return tw.matrix(name, std::move(shape)); };
-  auto host_f32 = [&](const std::string& name, std::vector<int64_t> shape) {
-    return tw.host_values(name, std::move(shape));
-  };
+  auto vec = [&](const std::string& name, int64_t n) { return tw.vec(name, n); };
   if (c.contains("vision_config") && c["vision_config"].is_object() && ck_->tensors.contains(kVisionProjector)) {
     hf::Reader r{c["vision_config"], source};
     w_->patch_side = r.get("patch_size", 16) * r.get("pooling_kernel_size", 3);
@@ -49,15 +44,17 @@ UnifiedEmbedders::UnifiedEmbedders(std::shared_ptr<const Checkpoint> ck, Backend
              "{}: vision_config has unusable sizes (patch {} px, mm_embed_dim {}, output_proj_dims {})", source,
              w_->patch_side, D, w_->out_dim);
     const std::string v = kVision;
-    w_->ln1_w = host_f32(v + "patch_ln1.weight", {P});
-    w_->ln1_b = host_f32(v + "patch_ln1.bias", {P});
+    w_->ln1_w = vec(v + "patch_ln1.weight", P);
+    w_->ln1_b = vec(v + "patch_ln1.bias", P);
     w_->dense = matrix(v + "patch_dense.weight", {D, P});
-    w_->dense_b = host_f32(v + "patch_dense.bias", {D});
-    w_->ln2_w = host_f32(v + "patch_ln2.weight", {D});
-    w_->ln2_b = host_f32(v + "patch_ln2.bias", {D});
-    w_->pos = host_f32(v + "pos_embedding", {w_->pos_table, 2, D});
-    w_->pos_w = host_f32(v + "pos_norm.weight", {D});
-    w_->pos_b = host_f32(v + "pos_norm.bias", {D});
+    w_->dense_b = vec(v + "patch_dense.bias", D);
+    w_->ln2_w = vec(v + "patch_ln2.weight", D);
+    w_->ln2_b = vec(v + "patch_ln2.bias", D);
+    const Tensor table = ck_->tensors.get(v + "pos_embedding", {w_->pos_table, 2, D});
+    w_->pos = be_.prepare_weight(table.reshaped({2 * int64_t(w_->pos_table), D}), table.dtype,
+                                 Backend::WeightUse::Lookup);
+    w_->pos_w = vec(v + "pos_norm.weight", D);
+    w_->pos_b = vec(v + "pos_norm.bias", D);
     w_->vision_proj = matrix(kVisionProjector, {w_->hidden, D});
   }
   if (c.contains("audio_config") && c["audio_config"].is_object() && ck_->tensors.contains(kAudioProjector)) {
@@ -87,24 +84,27 @@ std::vector<float> UnifiedEmbedders::encode_image(std::span<const float> pixels,
                  pos_y[size_t(i)] < w_->pos_table,
              "unified vision embedder: patch {} at ({}, {}) is outside the {}-entry position table", i,
              pos_x[size_t(i)], pos_y[size_t(i)], w_->pos_table);
-  std::vector<float> x(pixels.begin(), pixels.end());
-  layer_norm_rows(x, P, w_->ln1_w, w_->ln1_b, 1e-5f);
-  Tensor xt = be_.scratch(DType::F32, {n, P}), ht = be_.scratch(DType::F32, {n, D});
-  be_.upload(x.data(), xt);
-  be_.matmul(xt, w_->dense, ht);
-  std::vector<float> h(size_t(n * D));
-  be_.to_host(ht, h.data());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += w_->dense_b[size_t(d)];
-  layer_norm_rows(h, D, w_->ln2_w, w_->ln2_b, 1e-5f);
-  for (int64_t i = 0; i < n; ++i) {  // P[x, 0] + P[y, 1], summed first as transformers does
-    const float* px = w_->pos.data() + (int64_t(pos_x[size_t(i)]) * 2 + 0) * D;
-    const float* py = w_->pos.data() + (int64_t(pos_y[size_t(i)]) * 2 + 1) * D;
-    for (int64_t d = 0; d < D; ++d) h[size_t(i * D + d)] += px[d] + py[d];
+  Tensor x = be_.scratch(DType::F32, {n, P}), h = be_.scratch(DType::F32, {n, D});
+  be_.upload(pixels.data(), x);
+  be_.layer_norm(x, w_->ln1_w, &w_->ln1_b, 1e-5f, false, x);
+  be_.matmul(x, w_->dense, h);
+  x = Tensor();
+  be_.add(h, w_->dense_b, h);
+  be_.layer_norm(h, w_->ln2_w, &w_->ln2_b, 1e-5f, false, h);
+  std::vector<int32_t> rows_x(static_cast<size_t>(n)), rows_y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    rows_x[size_t(i)] = pos_x[size_t(i)] * 2;
+    rows_y[size_t(i)] = pos_y[size_t(i)] * 2 + 1;
   }
-  layer_norm_rows(h, D, w_->pos_w, w_->pos_b, 1e-5f);
-  Tensor s = be_.scratch(DType::F32, {n, D}), soft = be_.scratch(DType::F32, {n, H});
-  be_.upload(h.data(), s);
+  Tensor ex = be_.scratch(DType::F32, {n, D}), ey = be_.scratch(DType::F32, {n, D});
+  be_.embed(w_->pos, rows_x.data(), n, 1.f, ex);
+  be_.embed(w_->pos, rows_y.data(), n, 1.f, ey);
+  be_.add(ex, ey, ex);  // P[x, 0] + P[y, 1], summed first as transformers does
+  be_.add(h, ex, h);
+  ex = ey = Tensor();
+  be_.layer_norm(h, w_->pos_w, &w_->pos_b, 1e-5f, false, h);
+  Tensor& s = h;
+  Tensor soft = be_.scratch(DType::F32, {n, H});
   be_.rms_norm(s, nullptr, w_->vision_eps, false, s);
   be_.matmul(s, w_->vision_proj, soft);
   std::vector<float> out(size_t(n * H));
