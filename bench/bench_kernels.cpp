@@ -172,6 +172,24 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
   state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// A vision encoder's attention: every query of an image sees every key of it (E4B's ViT: 12 heads
+// of 64 over 2,520 patches for a 280-token image).
+void EncoderAttention(benchmark::State& state, Isa isa, int64_t n, int64_t nh, int64_t hd) {
+  IsaScope scope(isa);
+  mb::Tensor k = random_tensor(DType::F32, {n, nh, hd}, 11), v = random_tensor(DType::F32, {n, nh, hd}, 12);
+  mb::Tensor q = random_tensor(DType::F32, {n, nh, hd}, 13), o = mb::host_tensor(DType::F32, {n, nh, hd});
+  std::vector<int32_t> pos(static_cast<size_t>(n), int32_t(n - 1)), last(static_cast<size_t>(n), int32_t(n - 1));
+  mb::cpu::AttnArgs a{q.f32(), o.f32(), k.f32(), v.f32(), pos.data(), n, nh, nh, hd, n, false, nullptr, 0, 0,
+                      1.f / 8, 0.f};
+  a.last = last.data();
+  for (auto _ : state) {
+    mb::cpu::attention(a);
+    benchmark::DoNotOptimize(o.f32());
+  }
+  const double flops = 4.0 * double(n) * double(n) * double(nh) * double(hd);
+  state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9 * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
 // The kernel's arithmetic rate with its weights in cache: one thread, one 512 x 2048 matrix read
 // over and over (no rotation), the kernel called directly on all groups. GMAC/s counts n·m·k.
 void QMatmulInCache(benchmark::State& state, DType dt, int64_t n) {
@@ -335,6 +353,10 @@ bool register_all() {
       benchmark::RegisterBenchmark(("Attention/" + in + "/" + c.name).c_str(),
                                    [=](benchmark::State& s) { Attention(s, isa, c.n, c.ctx, c.window); })
           ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    if (isa != Isa::Scalar)
+      benchmark::RegisterBenchmark(("Attention/" + in + "/vision2520").c_str(),
+                                   [=](benchmark::State& s) { EncoderAttention(s, isa, 2520, 12, 64); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K})
     for (int64_t n : {1, 2, 8, 64, 512})
