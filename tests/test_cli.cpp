@@ -446,6 +446,29 @@ TEST(CliFlags, HelpShowsDefaultsAndVersionExists) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex("^markbase [0-9]+\\.[0-9]+\\.[0-9]+"))) << r.out;
 }
 
+// MARKBASE_PROFILE_OPS=1: the op table of the whole run on stderr when it ends, from any command; the
+// output itself is unchanged (the profiler forwards every op).
+TEST(CliProfileOps, TheRunsOpTableWhenAsked) {
+  const std::string cmd = "generate -m " + mbtest::fixture("e2b_like") + " --tokens 2,3,4 -n 3 --print-ids";
+  const auto plain = mbtest::run_cli(cmd);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_FALSE(has(plain.out, "MARKBASE_PROFILE_OPS")) << plain.out;
+  ::setenv("MARKBASE_PROFILE_OPS", "1", 1);
+  const auto profiled = mbtest::run_cli(cmd);
+  ::unsetenv("MARKBASE_PROFILE_OPS");
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.out;
+  EXPECT_TRUE(has(profiled.out, "MARKBASE_PROFILE_OPS: cpu backend")) << profiled.out;
+  EXPECT_TRUE(std::regex_search(profiled.out, std::regex("\\n +[0-9.]+ +[0-9.]+% +[0-9]+ +[0-9.]+ +matmul "))) << profiled.out;
+  EXPECT_TRUE(has(profiled.out, "attention")) << profiled.out;
+  // The generated ids are the unprofiled run's.
+  const auto ids = [](const std::string& out) {
+    std::smatch m;
+    return std::regex_search(out, m, std::regex("(^|\\n)([0-9]+(,[0-9]+)*)\\n")) ? m[2].str() : std::string();
+  };
+  EXPECT_FALSE(ids(plain.out).empty()) << plain.out;
+  EXPECT_EQ(ids(plain.out), ids(profiled.out)) << profiled.out;
+}
+
 // ---- threads: the warning -----------------------------------------------------------------------
 
 TEST(CliThreads, FarMoreThreadsThanCoresWarn) {

@@ -36,6 +36,7 @@ struct EngineOptions {
   std::string dtype = "auto";  // auto (checkpoint's own) | f32 | bf16 | f16
   int threads = 0;             // 0: all cores
   int64_t max_context = 0;     // tokens a sequence may hold, prompt included; 0: the model's maximum
+  bool profile_ops = false;    // time every backend op (device times on a GPU): Engine::op_profile
 };
 
 // An image (PNG, JPEG, GIF, BMP, WebP), an audio clip (WAV, FLAC, OGG, MP3) or a video (a file libavformat
@@ -104,6 +105,9 @@ class Engine {
   virtual std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk = 0,
                                            const std::vector<Media>& media = {}) = 0;
   virtual const ModelInfo& info() const = 0;
+  // With EngineOptions::profile_ops: a table of every backend op since open (time, share, calls,
+  // weight bytes a second); "" otherwise.
+  virtual std::string op_profile() = 0;
 
   // Text helpers; throw markbase::Error when the model carries no tokenizer.
   virtual bool has_tokenizer() const = 0;

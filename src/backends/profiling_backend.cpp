@@ -55,6 +55,23 @@ std::vector<ProfilingBackend::Entry> ProfilingBackend::entries() const {
   return out;
 }
 
+std::string ProfilingBackend::table(const std::string& title) {
+  collect_marks();
+  const std::vector<Entry> rows = entries();
+  double total = 0;
+  for (const Entry& e : rows) total += e.seconds;
+  std::string out = fmt::format("{}: {:.3f} s in backend ops{}\n", title, total,
+                                marks_ ? " (device time from marks in its stream; the idle gaps between ops are a row)" : "");
+  out += fmt::format("  {:>10} {:>7} {:>10} {:>12}  {}\n", "ms", "share", "calls", "weight GB/s", "op");
+  for (const Entry& e : rows) {
+    const std::string gbs =
+        e.weight_bytes > 0 && e.seconds > 0 ? fmt::format("{:.1f}", e.weight_bytes / e.seconds / 1e9) : "";
+    out += fmt::format("  {:>10.3f} {:>6.1f}% {:>10} {:>12}  {}\n", e.seconds * 1e3,
+                       total > 0 ? 100 * e.seconds / total : 0.0, e.calls, gbs, e.label);
+  }
+  return out;
+}
+
 Tensor ProfilingBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   timed("alloc", [&] { t = in_.alloc(dtype, std::move(shape)); });

@@ -36,6 +36,8 @@ class ProfilingBackend : public Backend {
     enabled_ = on;
   }
   void reset() { stats_.clear(); }
+  // The entries as a table: a title line, then ms, share of the ops' time, calls, weight GB/s, op.
+  std::string table(const std::string& title);
 
   std::string name() const override { return in_.name(); }
   Device device() const override { return in_.device(); }

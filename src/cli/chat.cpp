@@ -92,6 +92,7 @@ void register_chat(CLI::App& app) {
     eo.max_context = a->ctx;
     eo.max_seqs = 1;
     if (!a->kv_mem.empty()) eo.kv_bytes = parse_size(a->kv_mem, "--kv-mem");
+    eo.profile_ops = profile_ops_requested();
     mb::AsyncEngine engine(eo);
     const mb::TextCodec* text = engine.text();
     MB_CHECK(text && text->has_chat_template(), "chat: {} has no tokenizer or no chat template", eo.model_path);
@@ -188,6 +189,7 @@ void register_chat(CLI::App& app) {
       message.erase("reasoning_content");  // the templates leave earlier turns' thinking out anyway
       history.push_back(message);
     }
+    print_op_profile(engine.op_profile());
   });
 }
 

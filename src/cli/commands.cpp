@@ -87,8 +87,15 @@ struct ModelArgs {
           ->check(whole_number(0));
     }
   }
+  // Prints the engine's op table (MARKBASE_PROFILE_OPS) before it goes.
+  struct CloseEngine {
+    void operator()(markbase::Engine* e) const {
+      if (e) print_op_profile(e->op_profile());
+      delete e;
+    }
+  };
   // Warns when the threads asked for far exceed the cores, then loads the model.
-  std::unique_ptr<markbase::Engine> open_engine() const {
+  std::unique_ptr<markbase::Engine, CloseEngine> open_engine() const {
     if (const std::string w = threads_warning(threads); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
     markbase::EngineOptions o;
     o.model_path = model.empty() ? default_model_path() : model;
@@ -98,7 +105,8 @@ struct ModelArgs {
     o.dtype = dtype;
     o.threads = threads;
     o.max_context = context;
-    return markbase::Engine::open(o);
+    o.profile_ops = profile_ops_requested();
+    return std::unique_ptr<markbase::Engine, CloseEngine>(markbase::Engine::open(o).release());
   }
 };
 

@@ -1,5 +1,6 @@
 #include "cli/flags.h"
 
+#include <cstdio>
 #include <sched.h>
 
 #include <algorithm>
@@ -322,6 +323,15 @@ int usable_cores() {
     if (quota > 0 && period > 0) n = std::min(n, std::max(1, int(std::ceil(quota / period))));
   }
   return n;
+}
+
+bool profile_ops_requested() {
+  const char* v = std::getenv("MARKBASE_PROFILE_OPS");
+  return v && *v && std::string(v) != "0";
+}
+
+void print_op_profile(const std::string& table) {
+  if (!table.empty()) std::fprintf(stderr, "MARKBASE_PROFILE_OPS: %s", table.c_str());
 }
 
 std::string threads_warning(int threads) {

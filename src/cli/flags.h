@@ -47,4 +47,9 @@ int usable_cores();
 // The warning printed when `threads` (0: all cores) is far more than the cores; empty otherwise.
 std::string threads_warning(int threads);
 
+// MARKBASE_PROFILE_OPS set (and not 0): the command times every backend op and prints the table
+// (Engine::op_profile) on stderr when it is done with the engine.
+bool profile_ops_requested();
+void print_op_profile(const std::string& table);
+
 }  // namespace mb::cli

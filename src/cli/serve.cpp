@@ -114,6 +114,7 @@ void register_serve(CLI::App& app) {
     if (!a->kv_mem.empty()) eo.kv_bytes = parse_size(a->kv_mem, "--kv-mem");
     eo.prefix_cache = !a->no_prefix_cache;
     eo.resident_kv = true;
+    eo.profile_ops = profile_ops_requested();
     mb::AsyncEngine engine(eo);
 
     mb::server::ServerOptions so;
@@ -160,6 +161,7 @@ void register_serve(CLI::App& app) {
     served = true;
     signals.join();
     engine.shutdown(/*drain=*/false);
+    print_op_profile(engine.op_profile());
     log_line("stopped");
   });
 }

@@ -142,6 +142,11 @@ void AsyncEngine::loop() {
 }
 
 const TextCodec* AsyncEngine::text() const { return core_->text(); }
+
+std::string AsyncEngine::op_profile() {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  return core_->op_profile();
+}
 const ModelConfig& AsyncEngine::config() const { return core_->config(); }
 int64_t AsyncEngine::max_context() const { return core_->max_context(); }
 

@@ -41,6 +41,8 @@ struct EngineOptions {
   // fails at start, not under load, and its resident size stays flat); otherwise pages cost
   // memory only once used.
   bool resident_kv = false;
+  // Time every backend op (ProfilingBackend: device times on a GPU); op_profile() reads the table.
+  bool profile_ops = false;
 };
 
 // Thrown by submit() when the waiting queue is full; the server answers 429.
@@ -102,6 +104,8 @@ class AsyncEngine {
   int64_t max_context() const;
   std::string model_name() const;  // the checkpoint's folder or file name
   EngineMetrics metrics() const;
+  // EngineCore::op_profile, between steps.
+  std::string op_profile();
 
  private:
   void loop();

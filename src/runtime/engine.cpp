@@ -70,6 +70,8 @@ class LocalEngine final : public Engine {
 
   const ModelInfo& info() const override { return info_; }
 
+  std::string op_profile() override { return core_.op_profile(); }
+
   std::vector<float> prompt_logits(std::span<const int32_t> tokens, int chunk,
                                    const std::vector<Media>& media) override {
     mb::GenerationOptions o;
@@ -151,6 +153,7 @@ class LocalEngine final : public Engine {
     c.threads = o.threads;
     c.max_context = o.max_context;
     c.max_seqs = 1;
+    c.profile_ops = o.profile_ops;
     return c;
   }
 

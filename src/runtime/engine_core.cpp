@@ -9,6 +9,7 @@
 
 #include <fmt/ranges.h>
 
+#include "backends/profiling_backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/kv_cache.h"
@@ -129,6 +130,12 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
   // model, is checked now.
   if (!opts.mmproj_path.empty()) check_mmproj(*ck_, opts.mmproj_path);
   backend_ = make_backend(opts.device);
+  if (opts.profile_ops) {
+    profiled_ = std::move(backend_);
+    auto profiler = std::make_unique<ProfilingBackend>(*profiled_);
+    profiler->set_enabled(true);
+    backend_ = std::move(profiler);
+  }
   ModelLoadOptions mo;
   if (opts.dtype == "auto") {
     mo.keep_checkpoint_dtype = true;
@@ -194,6 +201,12 @@ EngineCore::EngineCore(const EngineOptions& opts) : opts_(opts) {
 }
 
 EngineCore::~EngineCore() = default;
+
+std::string EngineCore::op_profile() {
+  if (!profiled_) return {};
+  return static_cast<ProfilingBackend&>(*backend_).table(profiled_->name() +
+                                                         " backend, every op since the model was opened");
+}
 
 PromptMedia& EngineCore::media() {
   if (!media_)

@@ -42,6 +42,8 @@ class EngineCore {
   // Ends every request with `reason` ("cancelled", or "error" with `error` saying why).
   void finish_all(const std::string& reason, const std::string& error = "");
   EngineMetrics metrics() const;
+  // With EngineOptions::profile_ops, the ProfilingBackend's table of every backend op so far; else "".
+  std::string op_profile();
 
   const TextCodec* text() const { return text_ ? &*text_ : nullptr; }
   const ModelConfig& config() const { return model_->config(); }
@@ -62,6 +64,8 @@ class EngineCore {
 
   EngineOptions opts_;
   std::shared_ptr<Checkpoint> ck_;
+  // EngineOptions::profile_ops: the device's backend, wrapped by a ProfilingBackend in backend_.
+  std::unique_ptr<Backend> profiled_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::optional<TextCodec> text_;
