@@ -344,6 +344,12 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
       for (size_t i = 0; i < g1.size(); ++i)
         ASSERT_NEAR(g1[i], g2[i], 2e-6f * std::fabs(g2[i]) + 1e-6f * std::fabs(a[i]) + 1e-30f)
             << mb::cpu::isa_name(isa) << " gelu(" << b[i] << ")";
+      std::vector<float> s1 = b, s2 = b;
+      K.silu(s1.data(), n);
+      S.silu(s2.data(), n);
+      for (size_t i = 0; i < s1.size(); ++i)
+        ASSERT_NEAR(s1[i], s2[i], 2e-6f * std::fabs(s2[i]) + 1e-30f) << mb::cpu::isa_name(isa) << " silu(" << b[i] << ")";
+      EXPECT_EQ(s1.back(), b.back()) << "silu wrote past n";
       // In place, as the model calls it.
       std::vector<float> g3 = b;
       K.gelu_tanh_mul(g3.data(), a.data(), g3.data(), n);
@@ -366,6 +372,13 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
     K.gelu_tanh_mul(g.data(), one.data(), o1.data(), int64_t(g.size()));
     S.gelu_tanh_mul(g.data(), one.data(), o2.data(), int64_t(g.size()));
     for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(o1[i], o2[i], 1e-6f * std::fabs(o2[i]) + 1e-30f) << g[i];
+    std::vector<float> s1 = g, s2 = g;
+    K.silu(s1.data(), int64_t(s1.size()));
+    S.silu(s2.data(), int64_t(s2.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(s1[i])) << g[i];
+      EXPECT_NEAR(s1[i], s2[i], 1e-6f * std::fabs(s2[i]) + 1e-30f) << g[i];
+    }
     const std::vector<uint16_t> halves = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x7c00, 0xfc00, 0xc000};
     std::vector<float> hv(halves.size());
     K.to_f32(mb::cpu::WType::F16, halves.data(), hv.data(), int64_t(halves.size()));

@@ -340,9 +340,8 @@ class CpuBackend final : public Backend {
   void silu(Tensor& x) override {
     check_f32(x, "silu", "x");
     float* p = x.f32();
-    for_elements(x.numel(), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) p[i] = p[i] / (1.f + std::exp(-p[i]));
-    });
+    const cpu::KernelTable& K = cpu::kernels();
+    for_elements(x.numel(), [&](int64_t b, int64_t e) { K.silu(p + b, e - b); });
   }
 
   // Mean and variance in double, as the towers' host LayerNorm did before it became an op.

@@ -84,6 +84,8 @@ struct KernelTable {
   void (*gelu_tanh_mul)(const float* g, const float* u, float* out, int64_t n);
   // x = cap * tanh(x / cap)
   void (*softcap)(float* x, int64_t n, float cap);
+  // x = x · sigmoid(x)
+  void (*silu)(float* x, int64_t n);
 
   // Matmul for a few tokens (n <= gemv_max_tokens): streams each weight row once. Rows [r0, r1).
   int gemv_max_tokens;

@@ -83,6 +83,10 @@ void s_gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh_scalar(g[i]) * u[i];
 }
 
+void s_silu(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
+}
+
 void s_softcap(float* x, int64_t n, float cap) {
   const float inv = 1.f / cap;
   for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] * inv) * cap;
@@ -142,7 +146,7 @@ void s_attention(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t 
 }
 
 const KernelTable kScalar = {
-    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap,
+    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap, s_silu,
     std::numeric_limits<int>::max(), s_gemv,
     0, 0, 0, nullptr, nullptr, nullptr, nullptr,
     s_attn_scratch, s_attention, nullptr,
