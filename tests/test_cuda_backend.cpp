@@ -488,6 +488,16 @@ TEST_F(CudaOps, TowerOps) {
       }
     }
   }
+  {  // The ViT's 3x3 pooling of 2,520 patches of 768 into 280 rows.
+    const int64_t n = 2520, c = 768, group = 9, m = 280;
+    auto [sc, sg] = pair(randn(size_t(n * c), rng), {n, c});
+    std::vector<int32_t> rows(size_t(m * group));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t((i * 7919) % size_t(n));
+    Tensor oc = poisoned(cpu(), {m, c}), og = poisoned(gpu(), {m, c});
+    cpu().gather_sum_rows(sc, rows.data(), group, 1.f / 9, oc);
+    gpu().gather_sum_rows(sg, rows.data(), group, 1.f / 9, og);
+    check("gather_sum_rows 9 of 2520 -> 280", download(cpu(), oc), download(gpu(), og), kTolF32);
+  }
   for (int64_t n : {int64_t(2), int64_t(375)}) {
     const int64_t D = 1024, K = 5;
     auto [gc, gg] = pair(randn(size_t(n * 2 * D), rng, 2.f), {n, 2 * D});

@@ -956,6 +956,24 @@ TEST(BackendTowerOps, Im2colTimesTheWeightIsTheConvolution) {
   EXPECT_THROW(be->im2col(x, nullptr, {3, 2, 1}, 0, wrong_patch), mb::Error);
 }
 
+TEST(BackendTowerOps, GatherSumRowsPoolsInGroupOrder) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(35);
+  const int64_t n = 36, c = 21, group = 4, out_rows = 7;
+  mb::Tensor src = tower::filled({n, c}, rng, 2.f), dst = mb::host_tensor(DType::F32, {out_rows, c});
+  std::vector<int32_t> rows(size_t(out_rows * group));
+  for (auto& r : rows) r = int32_t(rng() % n);  // repeats allowed
+  be->gather_sum_rows(src, rows.data(), group, 0.25f, dst);
+  for (int64_t i = 0; i < out_rows; ++i)
+    for (int64_t d = 0; d < c; ++d) {
+      float want = 0.f;  // the same f32 operations in the same order: equal bits
+      for (int64_t j = 0; j < group; ++j) want += src.f32()[rows[size_t(i * group + j)] * c + d] * 0.25f;
+      ASSERT_EQ(dst.f32()[i * c + d], want) << i << "," << d;
+    }
+  rows[3] = int32_t(n);
+  EXPECT_THROW(be->gather_sum_rows(src, rows.data(), group, 1.f, dst), mb::Error);
+}
+
 TEST(BackendTowerOps, GluCausalConvIsItsDefinition) {
   auto be = mb::make_cpu_backend();
   std::mt19937 rng(32);

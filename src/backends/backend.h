@@ -321,6 +321,9 @@ class Backend {
   virtual void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) = 0;
   // dst[i] = src[rows[i]]
   virtual void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) = 0;
+  // dst[i] = Σ_j src[rows[i·group + j]] · scale for j = 0 .. group-1, summed in that order from zero
+  // (pooling: each output row the scaled sum of its group of input rows); rows [dst rows · group].
+  virtual void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Copies device data to host memory (no-op copy on the CPU backend).
   virtual void to_host(const Tensor& src, void* dst) = 0;

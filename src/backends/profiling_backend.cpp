@@ -197,6 +197,10 @@ void ProfilingBackend::slice_cols(const Tensor& src, int64_t begin, Tensor& dst)
 void ProfilingBackend::gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) {
   timed("gather_rows", [&] { in_.gather_rows(src, rows, n, dst); });
 }
+void ProfilingBackend::gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale,
+                                       Tensor& dst) {
+  timed("gather_sum_rows", [&] { in_.gather_sum_rows(src, rows, group, scale, dst); });
+}
 void ProfilingBackend::copy(const Tensor& src, Tensor& dst) {
   timed("copy", [&] { in_.copy(src, dst); });
 }

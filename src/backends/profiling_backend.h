@@ -90,6 +90,7 @@ class ProfilingBackend : public Backend {
                          const Tensor& experts, Tensor& out) override;
   void slice_cols(const Tensor& src, int64_t begin, Tensor& dst) override;
   void gather_rows(const Tensor& src, const int32_t* rows, int64_t n, Tensor& dst) override;
+  void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void to_host(const Tensor& src, void* dst) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;

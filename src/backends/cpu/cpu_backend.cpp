@@ -735,6 +735,26 @@ class CpuBackend final : public Backend {
     std::memcpy(dst.data, src.data, src.nbytes());
   }
 
+  void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) override {
+    check_f32(src, "gather_sum_rows", "src");
+    check_f32(dst, "gather_sum_rows", "dst");
+    const int64_t n = dst.rows(), c = src.cols();
+    MB_CHECK(dst.cols() == c && group > 0, "gather_sum_rows: groups of {} rows of {} into {}", group, src.shape_str(),
+             dst.shape_str());
+    for (int64_t i = 0; i < n * group; ++i)
+      MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_sum_rows: row {} out of range", rows[i]);
+    ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        float* out = dst.f32() + i * c;
+        std::fill(out, out + c, 0.f);
+        for (int64_t j = 0; j < group; ++j) {
+          const float* in = src.f32() + int64_t(rows[i * group + j]) * c;
+          for (int64_t d = 0; d < c; ++d) out[d] += in[d] * scale;
+        }
+      }
+    });
+  }
+
   // The packed rows [row0, row0 + rows) of w when they start a packed group, else null.
   static std::shared_ptr<const void> packed_rows(const Tensor& w, int64_t row0, int64_t rows) {
     if (!w.packed || row0 % cpu::kQRows != 0) return nullptr;

@@ -836,6 +836,15 @@ class CudaBackend final : public Backend {
     cuda::gather_rows(src.f32(), src.cols(), dev(rows, n), n, dst.f32(), st_);
   }
 
+  void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) override {
+    MB_CHECK(dst.cols() == src.cols() && group > 0, "gather_sum_rows: groups of {} rows of {} into {}", group,
+             src.shape_str(), dst.shape_str());
+    for (int64_t i = 0; i < dst.rows() * group; ++i)
+      MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_sum_rows: row {} out of range", rows[i]);
+    cuda::gather_sum_rows(src.f32(), src.cols(), dev(rows, dst.rows() * group), dst.rows(), group, scale, dst.f32(),
+                          st_);
+  }
+
   void copy(const Tensor& src, Tensor& dst) override {
     MB_CHECK(src.nbytes() == dst.nbytes(), "copy: sizes differ ({} vs {})", src.shape_str(), dst.shape_str());
     check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, st_), "copy");

@@ -141,6 +141,9 @@ void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool 
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
+// dst[i] = Σ_j src[rows[i·group + j]] · scale (backend.h's gather_sum_rows); rows in device memory.
+void gather_sum_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, int64_t group, float scale,
+                     float* dst, cudaStream_t st);
 // out[i] = a[i] + b[i % bn]
 void add_bcast(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
 void silu(float* x, int64_t n, cudaStream_t st);

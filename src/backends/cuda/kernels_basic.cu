@@ -178,6 +178,16 @@ __global__ void k_add_bcast(const float* a, const float* b, float* o, int64_t n,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = a[i] + b[i % bn];
 }
+__global__ void k_gather_sum_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, int64_t group,
+                                  float scale, float* dst) {
+  pdl_begin();
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n * cols; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / cols, c = e % cols;
+    float acc = 0.f;
+    for (int64_t j = 0; j < group; ++j) acc += src[int64_t(rows[i * group + j]) * cols + c] * scale;
+    dst[e] = acc;
+  }
+}
 __global__ void k_silu(float* x, int64_t n) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -528,6 +538,12 @@ void add_bcast(const float* a, const float* b, float* out, int64_t n, int64_t bn
   if (n == 0) return;
   launch_kernel(k_add_bcast, grid_1d(n), 256, 0, st, a, b, out, n, bn);
   check_launch("add (broadcast)");
+}
+void gather_sum_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n, int64_t group, float scale,
+                     float* dst, cudaStream_t st) {
+  if (n * cols == 0) return;
+  launch_kernel(k_gather_sum_rows, grid_1d(n * cols), 256, 0, st, src, cols, rows, n, group, scale, dst);
+  check_launch("gather_sum_rows");
 }
 void silu(float* x, int64_t n, cudaStream_t st) {
   if (n == 0) return;

@@ -23,7 +23,7 @@ struct VisionEncoder::Weights {
     Tensor input_norm, post_attn_norm, pre_ffn_norm, post_ffn_norm, q_norm, k_norm;
     ClippedLinear q, k, v, o, gate, up, down;
   };
-  Tensor patch_proj, pos_table, projector, std_bias, std_scale;
+  Tensor patch_proj, pos_table, projector, std_shift, std_scale;  // std_shift = -std_bias
   std::vector<Layer> layers;
   std::vector<float> inv_freq;  // hd/4 frequencies of each half's rotation
 };
@@ -84,11 +84,11 @@ VisionEncoder::VisionEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
   }
   w_->projector = matrix(kProjector, {cfg_.text_hidden, D});
   if (cfg_.standardize) {
-    w_->std_bias = ck_->tensors.get(t + "std_bias", {D});
-    w_->std_scale = ck_->tensors.get(t + "std_scale", {D});
-    MB_CHECK(w_->std_bias.dtype == DType::F32 || w_->std_bias.dtype == DType::BF16,
-             "tensor '{}std_bias' has unsupported dtype {}", t, dtype_name(w_->std_bias.dtype));
-    MB_CHECK(w_->std_scale.dtype == w_->std_bias.dtype, "std_scale and std_bias have different dtypes");
+    // x - b as x + (-b): the same float.
+    std::vector<float> shift = tw.host_values(t + "std_bias", {D});
+    for (float& v : shift) v = -v;
+    w_->std_shift = backend_values(be_, shift, {D});
+    w_->std_scale = backend_values(be_, tw.host_values(t + "std_scale", {D}), {D});
   }
   w_->layers.resize(size_t(cfg_.layers));
   for (int l = 0; l < cfg_.layers; ++l) {
@@ -259,43 +259,38 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
   stores.clear();
 
   // k x k average pooling in raster order of each image's pooled grid, in f32 with weights f32(1/k²)
-  // as transformers' one-hot matmul does; then × sqrt(D) and, on the large encoders, standardised.
-  std::vector<float> hidden(size_t(n * D));
-  be_.to_host(h, hidden.data());
-  h = Tensor();
-  const float inv_k2 = 1.f / float(k * k), root_d = float(std::sqrt(double(D)));
+  // as transformers' one-hot matmul does (each pooled row sums its patches in patch order); then
+  // × sqrt(D) and, on the large encoders, standardised: (x - std_bias) · std_scale.
+  const int64_t kk = k * k;
   std::vector<int64_t> pooled_begin(B);
   int64_t m = 0;
   for (size_t b = 0; b < B; ++b) {
     pooled_begin[b] = m;
-    m += count[b] / (k * k);
+    m += count[b] / kk;
   }
-  std::vector<float> pooled(size_t(m * D), 0.f);
+  std::vector<int32_t> pooled_rows(size_t(m * kk));
+  std::vector<int64_t> filled(static_cast<size_t>(m), 0);
   for (size_t b = 0; b < B; ++b) {
     const int64_t pooled_w = grid_w[b] / k;
     for (int64_t i = 0; i < count[b]; ++i) {
       const int64_t t = begin[b] + i;
       const int64_t slot = pooled_begin[b] + all_x[size_t(t)] / k + pooled_w * (all_y[size_t(t)] / k);
-      float* dst = pooled.data() + slot * D;
-      const float* src = hidden.data() + t * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] += src[d] * inv_k2;
+      MB_CHECK(slot < pooled_begin[b] + count[b] / kk && filled[size_t(slot)] < kk,
+               "vision encoder: patch ({}, {}) of image {} does not pool into its {}x{} grid", all_x[size_t(t)],
+               all_y[size_t(t)], b, pooled_w, count[b] / kk / std::max<int64_t>(pooled_w, 1));
+      pooled_rows[size_t(slot * kk + filled[size_t(slot)]++)] = int32_t(t);
     }
   }
-  for (int64_t s = 0; s < m; ++s)
-    for (int64_t d = 0; d < D; ++d) {
-      float& x = pooled[size_t(s * D + d)];
-      x *= root_d;
-      if (cfg_.standardize) {
-        auto at = [&](const Tensor& t) {
-          return t.dtype == DType::F32 ? t.f32()[d] : bf16_to_f32(t.ptr<uint16_t>()[d]);
-        };
-        x = (x - at(w_->std_bias)) * at(w_->std_scale);
-      }
-    }
+  Tensor s = be_.scratch(DType::F32, {m, D});
+  be_.gather_sum_rows(h, pooled_rows.data(), kk, 1.f / float(kk), s);
+  h = Tensor();
+  be_.scale(s, float(std::sqrt(double(D))));
+  if (cfg_.standardize) {
+    be_.add(s, w_->std_shift, s);
+    be_.mul(s, w_->std_scale, s);
+  }
 
   // The projector: RMS norm without weight, then D -> H.
-  Tensor s = be_.scratch(DType::F32, {m, D});
-  be_.upload(pooled.data(), s);
   be_.rms_norm(s, nullptr, cfg_.eps, false, s);
   Tensor soft = be_.scratch(DType::F32, {m, H});
   be_.matmul(s, w_->projector, soft);
