@@ -5,7 +5,7 @@ the same GPU (--device cuda), and the same full-size encoders (E4B's: the 16-lay
 language model of E4B's width (one sliding, one full layer).
 
     python3 bench/media_vs_transformers.py [--threads N] [--reps 3] [--markbase build/bin/markbase] [--device cuda]
-                                           [--llama-cpp /tmp/markbase-peer]
+                                           [--llama-cpp /tmp/markbase-peer] [--profile]
 
 --llama-cpp DIR (made by `PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR`) adds llama.cpp's mtmd encoders: its
 converter writes the same checkpoint as a text GGUF and an mmproj GGUF (f16, as its mmproj files ship), and
@@ -73,6 +73,8 @@ def main():
                     help="the checkpoint's dtype, which both engines run in (released checkpoints are bfloat16)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--llama-cpp", help="llama.cpp peer folder (PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the table, one more MarkBase run per input with MARKBASE_PROFILE_OPS=1: its op table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -162,6 +164,15 @@ def main():
             p = peer(flag, path)
             line += f" {p:.3f} | {p / mb_s:.2f}x |" if p else " failed | |"
         print(line)
+
+    if args.profile:
+        for name, _, flag, path in rows:
+            cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
+                   args.device, "--tokens", "2,10", flag, path]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, MARKBASE_PROFILE_OPS="1"))
+            table = out.stderr[out.stderr.find("MARKBASE_PROFILE_OPS"):] if "MARKBASE_PROFILE_OPS" in out.stderr else out.stderr
+            print(f"\nMarkBase ops, {name} (one run, model load included):")
+            print("\n".join(table.splitlines()[:24]))
 
 
 def llama_cpp_mtmd(args, work):
