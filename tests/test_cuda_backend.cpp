@@ -1381,6 +1381,64 @@ TEST_F(CudaOps, AttentionInputsThenAttention) {
 // so a kernel that reads (even masked) rows of other positions - rows not yet written, rows below
 // the window, pages not in the table - turns its output NaN. Stricter than the other tests,
 // whose stale rows are finite.
+// A vision encoder's attention: images stacked in one call, every patch seeing every patch of its
+// image (at its last position, or AttentionSeq::last), long enough for the GPU's dense path (batched
+// GEMMs and a softmax; MARKBASE_CUDA_DENSE_ATTENTION=0 takes the attention kernel instead): E4B's
+// ViT heads (12 of 64), the large ViT's (16 of 72), and a call with a short image (the kernel).
+TEST_F(CudaOps, AttentionOfWholeImages) {
+  std::mt19937 rng(62);
+  struct Case {
+    int64_t nh, hd;
+    std::vector<int64_t> counts;
+  };
+  for (const Case& c : {Case{12, 64, {300, 256}}, Case{16, 72, {260, 420}}, Case{4, 64, {64, 420}}}) {
+    int64_t n = 0;
+    for (int64_t cnt : c.counts) n += cnt;
+    const auto qv = randn(size_t(n * c.nh * c.hd), rng, 2.f), kv = randn(size_t(n * c.nh * c.hd), rng, 2.f),
+               vv = randn(size_t(n * c.nh * c.hd), rng);
+    std::vector<int32_t> slots(static_cast<size_t>(n)), last(static_cast<size_t>(n));
+    for (int64_t b = 0, at = 0; b < int64_t(c.counts.size()); at += c.counts[size_t(b)], ++b)
+      for (int64_t i = 0; i < c.counts[size_t(b)]; ++i) {
+        slots[size_t(at + i)] = int32_t(i);
+        last[size_t(at + i)] = int32_t(c.counts[size_t(b)] - 1);
+      }
+    mb::AttentionParams ap;
+    ap.scale = 1.f / std::sqrt(float(c.hd));
+    auto run = [&](Backend& be) {
+      std::vector<mb::KVStore> stores(c.counts.size());
+      std::vector<Backend::AttentionSeq> writes, reads;
+      for (int64_t b = 0, at = 0; b < int64_t(c.counts.size()); at += c.counts[size_t(b)], ++b) {
+        mb::KVStore& st = stores[size_t(b)];
+        st.k = be.alloc(be.kv_dtype(), {c.counts[size_t(b)], c.nh, c.hd});
+        st.v = be.alloc(be.kv_dtype(), {c.counts[size_t(b)], c.nh, c.hd});
+        st.capacity = c.counts[size_t(b)];
+      }
+      for (int64_t b = 0, at = 0; b < int64_t(c.counts.size()); at += c.counts[size_t(b)], ++b) {
+        writes.push_back({&stores[size_t(b)], at, c.counts[size_t(b)], slots.data() + at});
+        // As the ViT asks (every patch at its image's last position), or through `last`.
+        if (b % 2 == 0)
+          reads.push_back({&stores[size_t(b)], at, c.counts[size_t(b)], last.data() + at, nullptr});
+        else
+          reads.push_back({&stores[size_t(b)], at, c.counts[size_t(b)], slots.data() + at, last.data() + at});
+      }
+      const Tensor q = upload(be, {n, c.nh, c.hd}, qv), k = upload(be, {n, c.nh, c.hd}, kv),
+                   v = upload(be, {n, c.nh, c.hd}, vv);
+      be.kv_write_batch(k, v, writes);
+      Tensor out = poisoned(be, {n, c.nh, c.hd});
+      be.attention_batch(q, reads, ap, out);
+      return download(be, out);
+    };
+    std::vector<float> ref, got;
+    guarded("whole images", [&] {
+      ref = run(cpu());
+      got = run(gpu());
+    });
+    if (ref.empty() || got.empty()) continue;
+    check("attention of whole images, " + std::to_string(c.nh) + " heads of " + std::to_string(c.hd), ref, got,
+          kTolMat);
+  }
+}
+
 TEST_F(CudaOps, AttentionReadsOnlyTheRowsOfTheWindow) {
   for (const AttnConfig& c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged},
                               AttnConfig{8, 2, 256, 0, 0.f, 0.f, Layout::Flat},

@@ -192,6 +192,7 @@ class CudaBackend final : public Backend {
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
+    dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
   }
 
   ~CudaBackend() override {
@@ -619,6 +620,7 @@ class CudaBackend final : public Backend {
                        Tensor& out) override {
     MB_CHECK(q.rank() == 3 && out.numel() == q.numel(), "attention: q {} / out {}", q.shape_str(), out.shape_str());
     if (seqs.empty()) return;
+    if (dense_attention(q, seqs, p, out)) return;
     const KVStore& kv0 = *seqs[0].kv;
     AttnArgs a;
     a.n_rows = q.dim(0);
@@ -655,6 +657,65 @@ class CudaBackend final : public Backend {
       cuda::attention(ks, a, q.f32(), out.f32(), pf > 0 ? part.f32() : nullptr, st_);
     }
     quantized_now(flat, qo);
+  }
+
+  // Sequences whose every query sees the same keys, and many of them (an image's patches in a vision
+  // encoder: 2,520 x 2,520 for a 280-token image, 10,080 x 10,080 at 1,120 tokens), as two batched
+  // tensor-core GEMMs over the heads and a softmax kernel between them: S = Q·Kᵀ (q rounded to
+  // bf16, the bf16 KV as it is), P = softmax(S) in bf16, O = P·V, a chunk of queries at a time. The
+  // attention kernel walks every key of every row one warp-step at a time, which for long
+  // sequences is far from the tensor cores. Plain stores only (no pages or ring), one KV head per
+  // query head, no window or soft-cap: the encoders' case. MARKBASE_CUDA_DENSE_ATTENTION=0 turns it off.
+  bool dense_attention(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
+    constexpr int64_t kMinKeys = 256, kMinRows = 64;
+    if (!dense_attention_ || p.window > 0 || p.softcap > 0.f || q.rank() != 3) return false;
+    const int64_t nh = q.dim(1), hd = q.dim(2);
+    std::vector<int64_t> keys(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const AttentionSeq& s = seqs[i];
+      const KVStore& kv = *s.kv;
+      if (s.count < kMinRows || kv.pages || kv.ring || kv.k.dtype != DType::BF16 || kv.k.rank() != 3 ||
+          kv.k.dim(1) != nh || kv.k.dim(2) != hd || hd % 8 != 0)
+        return false;
+      // Each query's last key: `last` where given, else its position (the ViT places every patch at
+      // its image's last position).
+      const int32_t* hi = s.last ? s.last : s.pos;
+      for (int64_t t = 1; t < s.count; ++t)
+        if (hi[t] != hi[0]) return false;
+      keys[i] = int64_t(hi[0]) + 1;
+      if (keys[i] < kMinKeys || keys[i] > kv.capacity) return false;
+    }
+    Tensor qb = scratch(DType::BF16, {q.numel()});
+    cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_);
+    const float zero = 0.f, one = 1.f, scale = p.scale;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const AttentionSeq& s = seqs[i];
+      const int64_t nk = keys[i], width = nh * hd;
+      // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB.
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * nk * 6)));
+      Tensor S = scratch(DType::F32, {nh * chunk * nk}), P = scratch(DType::BF16, {nh * chunk * nk});
+      for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
+        const int64_t rows = std::min(chunk, s.count - q0);
+        const uint16_t* qh = qb.ptr<uint16_t>() + (s.begin + q0) * width;
+        // Per head h (batch): S_h [rows, nk] (row-major) = scale · Q_h · K_hᵀ, i.e. in cuBLAS's column
+        // order [nk x rows] = K_h ([hd x nk], ld nh·hd)ᵀ · Q_h ([hd x rows], ld nh·hd).
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
+                                              s.kv->k.data, CUDA_R_16BF, int(width), hd, qh, CUDA_R_16BF, int(width),
+                                              hd, &zero, S.f32(), CUDA_R_32F, int(nk), rows * nk, int(nh),
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "attention scores (batched GEMM)");
+        cuda::softmax_rows_bf16(S.f32(), nh * rows, nk, P.ptr<uint16_t>(), st_);
+        // O_h [rows, hd] (row-major, ld nh·hd) = P_h · V_h: [hd x rows] = V_h ([hd x nk], ld nh·hd) ·
+        // P_h ([nk x rows], ld nk).
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
+                                              s.kv->v.data, CUDA_R_16BF, int(width), hd, P.ptr<uint16_t>(),
+                                              CUDA_R_16BF, int(nk), rows * nk, &zero,
+                                              out.f32() + (s.begin + q0) * width, CUDA_R_32F, int(width), hd, int(nh),
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "attention output (batched GEMM)");
+      }
+    }
+    return true;
   }
 
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
@@ -1201,7 +1262,8 @@ class CudaBackend final : public Backend {
   int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: 2 an expert)
   int debug_ = 0;
-  bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
+  bool fuse_quant_ = true;
+  bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;

@@ -319,6 +319,26 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
   launch_kernel(k_attention<C, GH>, grid, kAttnWarps * 32, smem, st, seqs, a, row0, S, q, out, part);
 }
 
+// One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16.
+__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, uint16_t* p) {
+  pdl_begin();
+  __shared__ float red[32];
+  const float* row = s + int64_t(blockIdx.x) * cols;
+  uint16_t* out = p + int64_t(blockIdx.x) * cols;
+  float m = -FLT_MAX;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+  m = warp_max(m);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = threadIdx.x % 32 < blockDim.x / 32 ? red[threadIdx.x % 32] : -FLT_MAX;
+  m = warp_max(m);
+  float sum = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += __expf(row[c] - m);
+  const float inv = 1.f / block_sum(sum, red);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = f32_bf16(__expf(row[c] - m) * inv);
+}
+
 // Chunked local attention (backend.h's local_attention), one warp per (frame, head): a query reads
 // `left` keys at most, so the warp's lanes share each dot product over the head dims and the
 // logits sit in shared memory; the softmax and the value sum follow the host's order.
@@ -387,6 +407,12 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 }
 
 }  // namespace
+
+void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, cudaStream_t st) {
+  if (rows * cols == 0) return;
+  launch_kernel(k_softmax_rows_bf16, unsigned(rows), 256, 0, st, s, cols, p);
+  check_launch("softmax rows");
+}
 
 void local_attention(const float* q, const float* k, const float* v, const float* q_gain, const float* rel_keys,
                      const uint8_t* valid, int64_t n, int64_t heads, int64_t hd, const LocalAttnArgs& a, float* out,
