@@ -288,7 +288,7 @@ class Backend {
   // a[t] = g[t, :D] · sigmoid(g[t, D:]), and out [n, D] = Σ_j w[c, j] · a[t - (K-1) + j, c] over
   // j < K, a = 0 before row 0; w [D, K].
   virtual void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) = 0;
-  // A Conformer's chunked local self-attention with relative-position keys (Gemma 4's audio tower).
+  // A Conformer's chunked local self-attention with relative-position keys (an audio tower's).
   // q, k, v, out [n, heads, hd] (n frames); the queries come in chunks of `chunk` frames, and query t
   // of the chunk starting at frame c0 has one softmax entry per frame s of [c0 - left, c0 - left +
   // context). Its logit is cap · tanh((q̃·k̃_s + q̃·r_d) / cap) with q̃ = q_t · q_scale · q_gain, k̃ =

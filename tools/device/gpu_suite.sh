@@ -48,6 +48,7 @@
 #   SYNTH_MODEL (e4b); DTYPES ("q4_0 q8_0 bf16": the model in each); BATCHED_DTYPES ("q4_0": those with the batched
 #   comparison too); BATCHES (8,64,128);
 #   BIG=1: 31b and 26b-a4b at q4_0 too (pp/tg; their files are ~17 and ~15 GB, minutes to make); REPS (3).
+#   MEDIA=1: the media encoders against transformers on this GPU, with MarkBase's op tables (MEDIA_TIMEOUT, 300 s).
 #   MODEL_DIR (/tmp/gpu-suite-models); KEEP_MODELS=1 keeps the .gguf files.
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
@@ -416,6 +417,22 @@ if [[ -n $host_pid ]]; then
   else
     fail "host tests: $counts"
     failed_names "$work/host-tests.log" | sed 's/^/- /' | tee -a "$md"
+  fi
+fi
+
+# ---------------------------------------------------------------- media encoders
+# MEDIA=1: bench/media_vs_transformers.py on this GPU (E4B-size ViT and conformer against transformers, with
+# MarkBase's op table for one run of each input), when torch and transformers are installed here.
+if [[ ${MEDIA:-0} == 1 ]]; then
+  say ""
+  say "## media encoders (bench/media_vs_transformers.py --device cuda --profile)"
+  if python3 -c "import torch, torchvision, transformers" 2>/dev/null; then
+    run_step media "${MEDIA_TIMEOUT:-300}" env LD_LIBRARY_PATH="$mb_ld" python3 "$root/bench/media_vs_transformers.py" \
+      --device cuda --markbase "$markbase" --profile
+    grep -E '^\|' "$work/media.log" | tee -a "$md"
+    sed -n '/^MarkBase ops/,$p' "$work/media.log" | head -n 60 | tee -a "$md"
+  else
+    say "torch, torchvision or transformers missing: skipped"
   fi
 fi
 
