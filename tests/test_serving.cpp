@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/backend.h"
 #include "core/error.h"
 #include "runtime/async_engine.h"
 #include "runtime/engine_core.h"
@@ -28,9 +29,10 @@ struct Outcome {
   mb::RequestUsage usage;
 };
 
-mb::EngineOptions options(const std::string& fixture, int max_seqs = 8) {
+mb::EngineOptions options(const std::string& fixture, int max_seqs = 8, const std::string& device = "cpu") {
   mb::EngineOptions o;
   o.model_path = mbtest::fixture(fixture);
+  o.device = device;
   o.max_seqs = max_seqs;
   o.max_context = 256;
   o.page_tokens = 4;
@@ -73,8 +75,9 @@ std::vector<Outcome> run_together(EngineCore& core, const std::vector<std::vecto
   return out;
 }
 
-Outcome run_alone(const std::string& fixture, const std::vector<int32_t>& prompt, const GenerationOptions& o) {
-  mb::EngineOptions eo = options(fixture, 1);
+Outcome run_alone(const std::string& fixture, const std::vector<int32_t>& prompt, const GenerationOptions& o,
+                  const std::string& device = "cpu") {
+  mb::EngineOptions eo = options(fixture, 1, device);
   eo.prefix_cache = false;
   EngineCore core(eo);
   return run_together(core, {prompt}, {o})[0];
@@ -109,7 +112,7 @@ class Serving : public ::testing::TestWithParam<const char*> {};
 // A sampled request picks where the logits are (Model::forward_pick, Backend::sample_rows) unless
 // it asks for logprobs, which brings every row to the host for Sampler::sample: the same seed gives
 // the same tokens both ways, for every filter, alone and beside a greedy request.
-TEST_P(Serving, SampledPicksWhereTheLogitsAreEqualTheSamplersOwn) {
+void expect_sampled_picks_are_the_samplers(const std::string& fixture, const std::string& device) {
   const std::vector<int32_t> prompt = prompt_of(11, 3);
   for (int kind = 0; kind < 4; ++kind) {
     GenerationOptions o = sampled(40 + uint64_t(kind), 10);
@@ -119,13 +122,25 @@ TEST_P(Serving, SampledPicksWhereTheLogitsAreEqualTheSamplersOwn) {
     o.min_p = kind == 2 ? 0.05f : 0.f;
     GenerationOptions with_logprobs = o;
     with_logprobs.logprobs = true;
-    const Outcome device = run_alone(GetParam(), prompt, o), host = run_alone(GetParam(), prompt, with_logprobs);
-    EXPECT_EQ(device.tokens, host.tokens) << "kind " << kind;
-    EXPECT_EQ(device.tokens.size(), 10u);
-    EngineCore core(options(GetParam(), 2));
+    const Outcome picked = run_alone(fixture, prompt, o, device),
+                  host = run_alone(fixture, prompt, with_logprobs, device);
+    EXPECT_EQ(picked.tokens, host.tokens) << device << " kind " << kind;
+    EXPECT_EQ(picked.tokens.size(), 10u);
+    EngineCore core(options(fixture, 2, device));
     const auto both = run_together(core, {prompt, prompt_of(7, 4)}, {o, greedy(10)});
-    EXPECT_EQ(both[0].tokens, host.tokens) << "kind " << kind << " beside a greedy request";
+    EXPECT_EQ(both[0].tokens, host.tokens) << device << " kind " << kind << " beside a greedy request";
   }
+}
+
+TEST_P(Serving, SampledPicksWhereTheLogitsAreEqualTheSamplersOwn) {
+  expect_sampled_picks_are_the_samplers(GetParam(), "cpu");
+}
+
+// The same on a GPU: the picks of k_sample_rows (kernels_sample.cu) against Sampler::sample on the
+// same rows brought to the host.
+TEST_P(Serving, SampledPicksOnCudaEqualTheSamplersOwn) {
+  if (!mb::cuda_device_available()) GTEST_SKIP() << "no CUDA device visible (or a build without CUDA)";
+  expect_sampled_picks_are_the_samplers(GetParam(), "cuda");
 }
 
 // N requests of mixed lengths in one batch (chunked prefill beside decode, small pages, sliding
