@@ -727,6 +727,29 @@ TEST(ThreadPoolContract, AheadAfterReturnsThePlanOfTheRegionThatFollowedLastTime
   EXPECT_EQ(mb::ThreadPool::ahead_after(qkv1, off), nullptr);
 }
 
+// A pool destroyed right after a region joins every worker: a worker that passed its stop check and
+// then took the destructor's tag change as an ordinary one slept on, and the join waited forever
+// (seen once at a test process's exit). Thousands of create-run-destroy cycles under a watchdog.
+TEST(ThreadPoolContract, DestroyedRightAfterARegionJoinsEveryWorker) {
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 1200 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!finished) {
+      std::fprintf(stderr, "ThreadPool's destructor did not join its workers within 120 s\n");
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  });
+  for (int cycle = 0; cycle < 20000; ++cycle) {
+    mb::ThreadPool pool(2 + cycle % 3);
+    std::atomic<int64_t> s{0};
+    pool.parallel_for(64, 1, [&](int64_t b, int64_t e) { s += e - b; });
+    ASSERT_EQ(s.load(), 64);
+  }
+  finished = true;
+  watchdog.join();
+}
+
 TEST(ThreadPoolContract, SleepsAndWakesBetweenRegions) {
   mb::ThreadPool pool(2);
   for (int r = 0; r < 3; ++r) {

@@ -159,9 +159,12 @@ void ThreadPool::worker_loop(int64_t slot, uint32_t seen) {
       sleepers_.fetch_sub(1);
       continue;
     }
-    if (stop_.load(std::memory_order_relaxed)) return;
     const uint32_t tag = ctl_.tag.load(std::memory_order_acquire);
     seen = tag;
+    // After taking the tag: the destructor sets stop_ before its change of the tag, so a worker that
+    // has seen that change sees stop_ too (checked before the load, the change could be taken as an
+    // ordinary one and the worker would sleep through the join).
+    if (stop_.load(std::memory_order_relaxed)) return;
     if (!(tag & 1u)) continue;
     if (slot < ctl_.shares.load(std::memory_order_relaxed)) {
       me.joined.store(tag);
