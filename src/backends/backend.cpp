@@ -21,6 +21,27 @@ Backend::Im2colShape Backend::im2col_shape(const Tensor& x, const Im2col& c, int
   return s;
 }
 
+int64_t Backend::add_operand(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = a.numel(), bn = b.numel();
+  MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0 && (bn == n || bn == a.cols()),
+           "add: sizes {} and {} do not broadcast", a.shape_str(), b.shape_str());
+  return bn;
+}
+
+void Backend::check_glu_causal_conv(const Tensor& g, const Tensor& w, const Tensor& out) {
+  const int64_t n = out.rows(), D = out.cols();
+  MB_CHECK(g.rows() == n && g.cols() == 2 * D && w.rows() == D && w.cols() > 0 && w.dtype == DType::F32,
+           "glu_causal_conv: g {} and w {} {} do not fit out {}", g.shape_str(), dtype_name(w.dtype), w.shape_str(),
+           out.shape_str());
+}
+
+void Backend::check_gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, const Tensor& dst) {
+  MB_CHECK(dst.cols() == src.cols() && group > 0, "gather_sum_rows: groups of {} rows of {} into {}", group,
+           src.shape_str(), dst.shape_str());
+  for (int64_t i = 0; i < dst.rows() * group; ++i)
+    MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_sum_rows: row {} out of range", rows[i]);
+}
+
 Backend::LocalAttentionShape Backend::local_attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
                                                             const Tensor& q_gain, const Tensor& rel_keys,
                                                             const LocalAttention& p, const Tensor& out) {

@@ -259,6 +259,8 @@ class Backend {
   virtual void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out = a + b; out = a * b (b broadcast over rows when it has a single row: a bias, a gain); x *= s.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // add's sizes checked: b's elements (all of a's, or one row of them).
+  static int64_t add_operand(const Tensor& a, const Tensor& b, const Tensor& out);
   virtual void mul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   virtual void scale(Tensor& x, float s) = 0;
   // x = cap * tanh(x / cap)
@@ -288,6 +290,7 @@ class Backend {
   // a[t] = g[t, :D] · sigmoid(g[t, D:]), and out [n, D] = Σ_j w[c, j] · a[t - (K-1) + j, c] over
   // j < K, a = 0 before row 0; w [D, K].
   virtual void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) = 0;
+  static void check_glu_causal_conv(const Tensor& g, const Tensor& w, const Tensor& out);
   // A Conformer's chunked local self-attention with relative-position keys (an audio tower's).
   // q, k, v, out [n, heads, hd] (n frames); the queries come in chunks of `chunk` frames, and query t
   // of the chunk starting at frame c0 has one softmax entry per frame s of [c0 - left, c0 - left +
@@ -324,6 +327,7 @@ class Backend {
   // dst[i] = Σ_j src[rows[i·group + j]] · scale for j = 0 .. group-1, summed in that order from zero
   // (pooling: each output row the scaled sum of its group of input rows); rows [dst rows · group].
   virtual void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) = 0;
+  static void check_gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, const Tensor& dst);
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Copies device data to host memory (no-op copy on the CPU backend).
   virtual void to_host(const Tensor& src, void* dst) = 0;

@@ -396,11 +396,9 @@ class CpuBackend final : public Backend {
 
   void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) override {
     check_f32(g, "glu_causal_conv", "g");
-    check_f32(w, "glu_causal_conv", "w");
     check_f32(out, "glu_causal_conv", "out");
+    check_glu_causal_conv(g, w, out);
     const int64_t n = out.rows(), D = out.cols(), K = w.cols();
-    MB_CHECK(g.rows() == n && g.cols() == 2 * D && w.rows() == D && K > 0,
-             "glu_causal_conv: g {} and w {} do not fit out {}", g.shape_str(), w.shape_str(), out.shape_str());
     std::vector<float> a(size_t(n * D));
     ThreadPool::global().parallel_for(n, 8, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
@@ -612,9 +610,7 @@ class CpuBackend final : public Backend {
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    const int64_t n = a.numel(), bn = b.numel();
-    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0 && (bn == n || bn == a.cols()),
-             "add: sizes {} and {} do not broadcast", a.shape_str(), b.shape_str());
+    const int64_t n = a.numel(), bn = add_operand(a, b, out);
     for_elements(n, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) out.f32()[i] = a.f32()[i] + b.f32()[i % bn];
     });
@@ -745,11 +741,8 @@ class CpuBackend final : public Backend {
   void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) override {
     check_f32(src, "gather_sum_rows", "src");
     check_f32(dst, "gather_sum_rows", "dst");
+    check_gather_sum_rows(src, rows, group, dst);
     const int64_t n = dst.rows(), c = src.cols();
-    MB_CHECK(dst.cols() == c && group > 0, "gather_sum_rows: groups of {} rows of {} into {}", group, src.shape_str(),
-             dst.shape_str());
-    for (int64_t i = 0; i < n * group; ++i)
-      MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_sum_rows: row {} out of range", rows[i]);
     ThreadPool::global().parallel_for(n, 4, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         float* out = dst.f32() + i * c;

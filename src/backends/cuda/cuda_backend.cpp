@@ -724,9 +724,7 @@ class CudaBackend final : public Backend {
     cuda::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n, st_);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    const int64_t n = a.numel(), bn = b.numel();
-    MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0 && (bn == n || bn == a.cols()),
-             "add: sizes {} and {} do not broadcast", a.shape_str(), b.shape_str());
+    const int64_t n = a.numel(), bn = add_operand(a, b, out);
     if (bn == n)
       cuda::add(a.f32(), b.f32(), out.f32(), n, st_);
     else
@@ -754,10 +752,8 @@ class CudaBackend final : public Backend {
                  g.wo, cols.f32(), st_);
   }
   void glu_causal_conv(const Tensor& g, const Tensor& w, Tensor& out) override {
+    check_glu_causal_conv(g, w, out);
     const int64_t n = out.rows(), D = out.cols(), K = w.cols();
-    MB_CHECK(g.rows() == n && g.cols() == 2 * D && w.rows() == D && K > 0 && w.dtype == DType::F32,
-             "glu_causal_conv: g {} and w {} {} do not fit out {}", g.shape_str(), dtype_name(w.dtype), w.shape_str(),
-             out.shape_str());
     cuda::glu_causal_conv(g.f32(), w.f32(), n, D, K, out.f32(), st_);
   }
   void local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_gain, const Tensor& rel_keys,
@@ -898,10 +894,7 @@ class CudaBackend final : public Backend {
   }
 
   void gather_sum_rows(const Tensor& src, const int32_t* rows, int64_t group, float scale, Tensor& dst) override {
-    MB_CHECK(dst.cols() == src.cols() && group > 0, "gather_sum_rows: groups of {} rows of {} into {}", group,
-             src.shape_str(), dst.shape_str());
-    for (int64_t i = 0; i < dst.rows() * group; ++i)
-      MB_CHECK(rows[i] >= 0 && rows[i] < src.rows(), "gather_sum_rows: row {} out of range", rows[i]);
+    check_gather_sum_rows(src, rows, group, dst);
     cuda::gather_sum_rows(src.f32(), src.cols(), dev(rows, dst.rows() * group), dst.rows(), group, scale, dst.f32(),
                           st_);
   }
