@@ -279,9 +279,9 @@ if [[ $prebuilt == 1 ]]; then
   elif [[ -z $src_dir ]]; then
     say "note: no CMakeCache.txt carried; tests that read fixtures need the tree at the path it was built in"
   fi
-  if mbrun ldd "$markbase" "$tests" | grep -q "not found"; then
+  if [[ $(mbrun ldd "$markbase" "$tests") == *"not found"* ]]; then
     unpack_deps || true
-    if mbrun ldd "$markbase" "$tests" | grep -q "not found"; then
+    if [[ $(mbrun ldd "$markbase" "$tests") == *"not found"* ]]; then
       say "shared libraries missing for the carried binaries:"
       mbrun ldd "$markbase" "$tests" | grep "not found" | sort -u | tee -a "$md"
       exit 2
@@ -444,7 +444,7 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   mkdir -p "$model_dir"
   # llama.cpp's CUDA build: the binaries and their .so files, or an archive of them.
   llama_dir=${LLAMA_CUDA_DIR:-$root/build-peer-cuda}
-  if [[ -d $llama_dir ]] && ! find "$llama_dir" -maxdepth 2 -name llama-bench -type f | grep -q .; then
+  if [[ -d $llama_dir ]] && [[ -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f) ]]; then
     arc=$(find "$llama_dir" -maxdepth 1 -type f \( -name '*.tar' -o -name '*.tar.*' -o -name '*.tgz' \) | head -n 1)
     if [[ -n $arc ]]; then
       mkdir -p /tmp/llama-cuda && tar -xaf "$arc" -C /tmp/llama-cuda && llama_dir=/tmp/llama-cuda

@@ -71,7 +71,7 @@ fi
 # The carried .deb files serve a build that misses a package, or a given binary that misses a shared library.
 need_debs=0
 if [[ -n ${MARKBASE:-} ]]; then
-  ldd "$MARKBASE" | grep -q "not found" && need_debs=1
+  [[ $(ldd "$MARKBASE") == *"not found"* ]] && need_debs=1  # not `| grep -q`: SIGPIPE fails the pipe
 else
   mapfile -t missing < <(devdeps_missing "${cmake_pkgs[@]}")
   { ((${#missing[@]})) || ! pkg-config --exists cpp-httplib 2>/dev/null; } && need_debs=1
