@@ -20,7 +20,7 @@ struct Streamed {
 
 // Feeds `text` to a choice in pieces of `step` bytes and collects every delta.
 Streamed stream(const std::string& text, size_t step, Json* final_message = nullptr) {
-  ChoiceOutput c(0, /*parse_markup=*/true);
+  ChoiceOutput c(/*parse_markup=*/true);
   Streamed s;
   auto take = [&](const Json& d) {
     for (const auto& [k, v] : d.items()) {

@@ -148,7 +148,7 @@ void register_chat(CLI::App& app) {
       g.seed = parse_seed(a->seed);
       g.skip_special_tokens = !markup;  // the parser needs Gemma 4's markup; a reader does not
       auto stream = engine.submit(prompt, g);
-      server::ChoiceOutput reply(0, markup);
+      server::ChoiceOutput reply(markup);
       enum { None, Thinking, Answer } part = None;
       while (!stream->done()) {
         if (g_interrupted) stream->cancel();  // the reply ends at the next step; the program goes on

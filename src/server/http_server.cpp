@@ -222,7 +222,7 @@ struct HttpServer::Impl {
     g->req = std::move(parsed);
     g->id = new_id(g->req.endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
     g->created = unix_time();
-    for (int i = 0; i < g->req.gen.n; ++i) g->choices.emplace_back(i, g->req.parse_markup);
+    for (int i = 0; i < g->req.gen.n; ++i) g->choices.emplace_back(g->req.parse_markup);
     try {
       g->stream = engine.submit(g->req.prompt, g->req.gen, g->id, std::move(g->req.media));
     } catch (const QueueFullError& e) {

@@ -82,7 +82,7 @@ Json model_list(const ModelInfo& model, int64_t created);
 // parts of it already sent as stream deltas.
 class ChoiceOutput {
  public:
-  ChoiceOutput(int index, bool parse_markup) : index_(index), parse_markup_(parse_markup) {}
+  explicit ChoiceOutput(bool parse_markup) : parse_markup_(parse_markup) {}
 
   void add(const StreamEvent& e);
   bool finished() const { return !finish_reason_.empty(); }
@@ -105,7 +105,6 @@ class ChoiceOutput {
   Json completion_logprobs(const TextCodec* text, bool since_last, size_t text_offset_base);
 
  private:
-  int index_;
   bool parse_markup_;
   std::string text_, finish_reason_, error_;
   std::vector<GeneratedToken> tokens_;
