@@ -62,12 +62,18 @@ std::string ProfilingBackend::table(const std::string& title) {
   for (const Entry& e : rows) total += e.seconds;
   std::string out = fmt::format("{}: {:.3f} s in backend ops{}\n", title, total,
                                 marks_ ? " (device time from marks in its stream; the idle gaps between ops are a row)" : "");
-  out += fmt::format("  {:>10} {:>7} {:>10} {:>12}  {}\n", "ms", "share", "calls", "weight GB/s", "op");
+  return out + format_rows(rows, total);
+}
+
+std::string ProfilingBackend::format_rows(std::vector<Entry> rows, double total_seconds, double units) {
+  std::sort(rows.begin(), rows.end(), [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
+  std::string out = fmt::format("  {:>10} {:>7} {:>10} {:>12}  {}\n", "ms", "share", "calls", "weight GB/s", "op");
   for (const Entry& e : rows) {
     const std::string gbs =
         e.weight_bytes > 0 && e.seconds > 0 ? fmt::format("{:.1f}", e.weight_bytes / e.seconds / 1e9) : "";
-    out += fmt::format("  {:>10.3f} {:>6.1f}% {:>10} {:>12}  {}\n", e.seconds * 1e3,
-                       total > 0 ? 100 * e.seconds / total : 0.0, e.calls, gbs, e.label);
+    out += fmt::format("  {:>10.3f} {:>6.1f}% {:>10.6g} {:>12}  {}\n", e.seconds * 1e3 / units,
+                       total_seconds > 0 ? 100 * e.seconds / total_seconds : 0.0, double(e.calls) / units, gbs,
+                       e.label);
   }
   return out;
 }

@@ -38,6 +38,9 @@ class ProfilingBackend : public Backend {
   void reset() { stats_.clear(); }
   // The entries as a table: a title line, then ms, share of the ops' time, calls, weight GB/s, op.
   std::string table(const std::string& title);
+  // That table's header and rows, slowest first, for entries summed over `units` (a run, the steps
+  // of a phase): ms and calls per unit, the share of `total_seconds`, the weights' bytes per second.
+  static std::string format_rows(std::vector<Entry> rows, double total_seconds, double units = 1);
 
   std::string name() const override { return in_.name(); }
   Device device() const override { return in_.device(); }

@@ -134,17 +134,9 @@ struct PhaseProfile {
       rows.push_back(e);
       in_ops += e.seconds;
     }
-    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.seconds > y.seconds; });
-    const double per = 1e3 / double(units);
-    std::fprintf(stderr, "bench: %s profile, batch %d: %.3f ms a %s, %.1f%% of it inside backend ops\n", phase,
-                 batch, seconds * per, unit, 100 * in_ops / seconds);
-    std::fprintf(stderr, "  %10s %7s %10s %12s  %s\n", "ms", "share", "calls", "weight GB/s", "op");
-    for (const auto& e : rows) {
-      char gbs[32] = "";
-      if (e.weight_bytes > 0 && e.seconds > 0) std::snprintf(gbs, sizeof gbs, "%.1f", e.weight_bytes / e.seconds / 1e9);
-      std::fprintf(stderr, "  %10.3f %6.1f%% %10.1f %12s  %s\n", e.seconds * per, 100 * e.seconds / seconds,
-                   double(e.calls) / double(units), gbs, e.label.c_str());
-    }
+    std::fprintf(stderr, "bench: %s profile, batch %d: %.3f ms a %s, %.1f%% of it inside backend ops\n%s", phase,
+                 batch, seconds * 1e3 / double(units), unit, 100 * in_ops / seconds,
+                 ProfilingBackend::format_rows(std::move(rows), seconds, double(units)).c_str());
   }
 };
 
