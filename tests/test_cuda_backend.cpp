@@ -915,19 +915,23 @@ TEST_F(CudaOps, MoeGatedExperts) {
 // by default only for weights without a bf16 copy, MARKBASE_CUDA_MMQ_ROWS=N for all): same int8
 // activations, same exact block sums, so each row must give the numbers the GEMV gives that row
 // alone, up to the order of float additions - far tighter than the CPU comparison.
+// Both weight layouts: the planes as stored, and the fragment-ordered copies (MARKBASE_CUDA_FRAG_COPIES;
+// 17 blocks of 32 pair the last with zeros).
 TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   constexpr double kTolSame = 1e-4;
-  const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
-  Backend& be = *mmq;
   std::mt19937 rng(21);
   struct Shape {
     int64_t k, m;
   };
+  for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
-    for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}}) guarded("mmq " + dname(dt), [&] {
+    for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}}) guarded("mmq " + dname(dt), [&] {
+      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
+      const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
+      Backend& be = *mmq;
       const Weight w = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng), u = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng);
       RowReport rep{"mmq against row-by-row GEMV " + dname(dt) + " k=" + std::to_string(sh.k) + " m=" +
-                    std::to_string(sh.m)};
+                    std::to_string(sh.m) + (frag[0] == '1' ? " fragment-ordered" : " planes")};
       for (int64_t n : {5, 8, 9, 37, 64, 65, 200}) {
         const auto x = randn(size_t(n * sh.k), rng), m = randn(size_t(n * sh.m), rng);
         const Tensor xg = upload(be, {n, sh.k}, x), mg = upload(be, {n, sh.m}, m);
@@ -977,15 +981,19 @@ TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
     int64_t E, H, I;
     int k;
   };
+  for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
     for (Case c : {Case{128, 512, 256, 8}, Case{4, 2816, 704, 2}}) guarded("grouped experts " + dname(dt), [&] {
+      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
+      const std::unique_ptr<Backend> grouped = make_gpu();
       const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
       const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));
       const Tensor gus = host_weight(dt, {c.E, 2 * c.I, c.H}, guf), dns = host_weight(dt, {c.E, c.H, c.I}, dnf);
-      const Tensor gu1 = gpu().prepare_weight(gus, dt), dn1 = gpu().prepare_weight(dns, dt);
+      const Tensor gu1 = grouped->prepare_weight(gus, dt), dn1 = grouped->prepare_weight(dns, dt);
       const Tensor gu2 = pairwise->prepare_weight(gus, dt), dn2 = pairwise->prepare_weight(dns, dt);
       RowReport rep{"grouped experts against pair GEMV " + dname(dt) + " E=" + std::to_string(c.E) +
-                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
+                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
+                    (frag[0] == '1' ? " fragment-ordered" : " planes")};
       for (int64_t n : {5, 64, 300}) {
         const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
         auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
@@ -996,7 +1004,7 @@ TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
           be.moe_gated_experts(xb, gu, dn, wb, eb, o);
           return download(be, o);
         };
-        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*pairwise, gu2, dn2), run(gpu(), gu1, dn1),
+        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*pairwise, gu2, dn2), run(*grouped, gu1, dn1),
                          kTolSame, false));
       }
       rep.print(kTolSame);

@@ -189,6 +189,8 @@ class CudaBackend final : public Backend {
     gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
     mmq_rows_ = env_int("MARKBASE_CUDA_MMQ_ROWS", -1);
     mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", -1);
+    frag_copies_ = env_int("MARKBASE_CUDA_FRAG_COPIES", 0) != 0;
+    frag_rows_ = env_int("MARKBASE_CUDA_FRAG_ROWS", 32);
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
@@ -312,6 +314,19 @@ class CudaBackend final : public Backend {
       w.bf16 = copy.ptr<uint16_t>();
       auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(t.owner, copy.owner);
       t.owner = std::shared_ptr<void>(both, t.data);
+    }
+    // Q8_0/Q4_0 (stacked experts too) in the tensor-core kernels' fragment order, for batched
+    // decode (up to MARKBASE_CUDA_FRAG_ROWS rows) and the experts' grouped products.
+    if (use != WeightUse::Lookup && frag_copies_ && mmq_supports(w) &&
+        want_copy(size_t(frag_bytes(w) + frag_scale_bytes(w)))) {
+      Tensor frag = alloc(DType::U8, {frag_bytes(w)}), fscale = alloc(DType::U8, {frag_scale_bytes(w)});
+      make_frag(w, frag.data, fscale.data, st_);
+      check(cudaStreamSynchronize(st_), "making a fragment-ordered copy of a weight");
+      w.frag = frag.data;
+      w.frag_scale = fscale.data;
+      auto all = std::make_shared<std::tuple<std::shared_ptr<void>, std::shared_ptr<void>, std::shared_ptr<void>>>(
+          t.owner, frag.owner, fscale.owner);
+      t.owner = std::shared_ptr<void>(all, t.data);
     }
     t.packed = hold;
     return t;
@@ -1101,12 +1116,13 @@ class CudaBackend final : public Backend {
     if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= (gemv_rows_ >= 0 ? gemv_rows_ : 4) ||
         (debug_ & 1))
       return false;
-    bool copies = true;
+    bool copies = true, frags = true;
     for (const GpuWeight& w : gw) {
       if (!mmq_supports(w) || w.type != gw[0].type || w.cols != gw[0].cols) return false;
       copies = copies && w.bf16;
+      frags = frags && w.frag;
     }
-    return mmq_rows_ > 0 || !copies;
+    return mmq_rows_ > 0 || !copies || (frags && n <= frag_rows_);
   }
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
@@ -1198,6 +1214,9 @@ class CudaBackend final : public Backend {
 
   bool want_bf16_copy(size_t bytes) {
     if (bf16_copies_ >= 0) return bf16_copies_ != 0;
+    return want_copy(bytes);
+  }
+  bool want_copy(size_t bytes) const {
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
     // Only while at least 40% of the GPU stays free for the rest of the weights and the KV pages.
@@ -1253,6 +1272,9 @@ class CudaBackend final : public Backend {
   int bf16_copies_ = -1;
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
   int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
+  // MARKBASE_CUDA_FRAG_COPIES=1: fragment-ordered copies while memory allows (off until measured on a GPU).
+  bool frag_copies_ = false;
+  int frag_rows_ = 32;    // MARKBASE_CUDA_FRAG_ROWS: most rows for the tensor-core kernels on those copies
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: 2 an expert)
   int debug_ = 0;
   bool fuse_quant_ = true;

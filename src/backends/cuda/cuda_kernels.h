@@ -22,6 +22,9 @@ struct GpuWeight {
   const void* qs = nullptr;
   const uint16_t* scale = nullptr;     // halves
   const uint16_t* bf16 = nullptr;      // a bf16 copy for large products, or null
+  // Q8_0/Q4_0 in the tensor-core kernels' fragment order (kernels_mmq.cu, make_frag), or null.
+  const void* frag = nullptr;
+  const void* frag_scale = nullptr;
   int fixed = 0;                       // a loaded weight: never written, so readable before pdl_begin
 };
 
@@ -69,6 +72,11 @@ void gemv_gelu_times(const GpuWeight& w, const float* x, const QuantX* xq, int64
 // from n on; src[r] < 0: zeros). rows: tiled_x_rows(n) for a dense product.
 bool mmq_supports(const GpuWeight& w);  // Q8_0 or Q4_0 with rows a multiple of 64
 int64_t tiled_x_rows(int64_t n);
+// A copy of w (mmq_supports) in the order the tensor-core kernels load it: frag_bytes(w) and
+// frag_scale_bytes(w) of device memory, filled by make_frag; products whose weights all have one read it.
+int64_t frag_bytes(const GpuWeight& w);
+int64_t frag_scale_bytes(const GpuWeight& w);
+void make_frag(const GpuWeight& w, void* frag, void* frag_scale, cudaStream_t st);
 void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
             cudaStream_t st);
 // ys[i][n, rows_i] = x · ws[i]ᵀ (Plain), ys[0] = gelu_tanh(x · ws[0]ᵀ) * (x · ws[1]ᵀ) (Glu) or

@@ -14,6 +14,7 @@
 // scales d as [group][block][8 rows]. A CUDA block computes 64
 // weight rows (16 a warp: one m16n8k32 A fragment) against NJ groups of 8 activation rows.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -120,6 +121,36 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// A block's sums out: fragment element e of group j is weight row (e < 2 ? ra : rb), activation
+// row 8 (g0 + j) + 2c + e % 2; into the experts' rows, the split's partial sums, or y.
+template <int NJ>
+__device__ __forceinline__ void store_tile(const Args& a, const float (&acc)[NJ][4], int64_t tile_row, int wi,
+                                           int64_t g0, int ng, int warp, int lane) {
+  const int gr = lane / 4, c = lane % 4;
+  const GpuWeight& w = pick_w(a, wi);
+  int64_t ra = tile_row + warp * 16 + gr;  // in weight wi's rows
+  for (int i = 0; i < wi; ++i) ra -= pick_w(a, i).rows;
+  const int64_t lr = tile_row + warp * 16 + gr;  // ra's row in the rows' space
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (j >= ng) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t tr = (g0 + j) * 8 + 2 * c + e % 2;  // tiled activation row
+      const int64_t dr = e < 2 ? 0 : 8;
+      if (a.tiles) {
+        const int32_t o = a.row_out[tr];
+        if (o >= 0) a.y[0][int64_t(o) * a.rows + lr + dr] = acc[j][e];
+      } else if (tr < a.n) {
+        if (a.part)
+          a.part[(int64_t(blockIdx.z) * a.n + tr) * a.rows + lr + dr] = acc[j][e];
+        else
+          pick_y(a, wi)[tr * w.rows + ra + dr] = acc[j][e];
+      }
+    }
+  }
+}
+
 // grid: (rows / 64, token tiles (dense) or the most tiles the experts can have, K splits). The
 // activations of a chunk of blocks are copied to shared memory (cp.async, the next chunk's
 // while this one's products run): read from global memory, each block's B fragments were a
@@ -211,25 +242,199 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
     }
     __syncthreads();  // the buffer is staged again two chunks on
   }
-  // Fragment element e of group j: weight row (e < 2 ? ra : rb), activation row 8 (g0 + j) + 2c + e % 2.
-  const int64_t lr = tile_row + warp * 16 + gr;  // ra's row in the rows' space
+  store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+}
+
+// ---- Fragment-ordered weights (GpuWeight::frag, made at load by make_frag).
+//
+// With the weights' planes as stored, a warp's A fragment of one block is 8 scattered 4-byte
+// loads (two rows' words per lane group) and their two scales another two: ~1 KB in flight a
+// warp, which bounds the kernel at 8-32 rows (the loads, not the mma). In the fragment order a
+// tile of 16 rows and a pair of blocks of 32 is one contiguous run of 32 lanes x 16 bytes (Q4_0;
+// Q8_0: 32 bytes), each lane's run exactly its A fragments of both blocks, and the pair's scales
+// are 8 bytes a lane group ([tile][pair][lane / 4][ra kb, rb kb, ra kb+1, rb kb+1] halves). An
+// odd last block pairs with zeros.
+//   Q4_0 lane run: {ra kb word c, rb kb word c, ra kb+1 word c, rb kb+1 word c} (word c: bytes
+//   4c..4c+3 of a row's block, elements 4c..+3 in the low nibbles and 16+4c..+3 in the high).
+//   Q8_0 lane run: per block {ra bytes 4c.., rb bytes 4c.., ra bytes 16+4c.., rb bytes 16+4c..}.
+template <WType T>
+constexpr int kFragWords = T == WType::Q4_0 ? 4 : 8;  // 32-bit words a lane holds per pair of blocks
+// Pairs of blocks a warp's loads run ahead of its products (double-buffered: the next chunk's
+// are in flight while this chunk's products run); a chunk is 2 * kFragPairs blocks.
+template <WType T>
+constexpr int kFragPairs = T == WType::Q4_0 ? 4 : 2;
+
+template <WType T>
+struct PairFrag {
+  uint4 q[kFragWords<T> / 4];
+  uint2 s;
+};
+
+template <WType T>
+__device__ __forceinline__ PairFrag<T> load_pair(const GpuWeight& w, int64_t tile16, int64_t nkp, int64_t kp, int lane) {
+  PairFrag<T> f;
+  const int64_t unit = (tile16 * nkp + kp) * 32 + lane;
+  const uint4* q = static_cast<const uint4*>(w.frag);
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    if (j >= ng) break;
+  for (int i = 0; i < kFragWords<T> / 4; ++i) f.q[i] = __ldg(q + unit * (kFragWords<T> / 4) + i);
+  f.s = __ldg(reinterpret_cast<const uint2*>(w.frag_scale) + (tile16 * nkp + kp) * 8 + lane / 4);
+  return f;
+}
+
+// Block h (0, 1) of a pair as the mma's A operand and its two rows' scales.
+template <WType T>
+__device__ __forceinline__ void pair_block(const PairFrag<T>& f, int h, uint32_t (&a)[4], float& sa, float& sb) {
+  if constexpr (T == WType::Q4_0) {
+    const uint32_t va = h ? f.q[0].z : f.q[0].x, vb = h ? f.q[0].w : f.q[0].y;
+    a[0] = __vsubss4(va & 0x0F0F0F0Fu, 0x08080808u);
+    a[1] = __vsubss4(vb & 0x0F0F0F0Fu, 0x08080808u);
+    a[2] = __vsubss4((va >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    a[3] = __vsubss4((vb >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+  } else {
+    const uint4 v = f.q[h];
+    a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+  }
+  const uint32_t s = h ? f.s.y : f.s.x;
+  sa = half_f32(uint16_t(s & 0xffffu));
+  sb = half_f32(uint16_t(s >> 16));
+}
+
+// k_mmq over fragment-ordered weights: the same grid, staging and sums, the weights' loads one
+// 16-byte run a lane per pair of blocks, kept a chunk ahead of the products across chunks (and,
+// for a dense product of loaded weights, the first chunk's issued before the wait on the kernel
+// before it).
+template <WType T, int NJ>
+__global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
+  constexpr int kPairs = kFragPairs<T>, kCh = 2 * kPairs;
+  __shared__ __align__(16) int2 sq[2][NJ * kCh * 32];
+  __shared__ __align__(16) float sd[2][NJ * kCh * 8];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4;
+  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
+  int wi = 0;
+  int64_t wrow = tile_row;
+  if (!a.tiles)
+    while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
+  const GpuWeight& w0 = pick_w(a, wi);
+  const int64_t nb = w0.cols / 32, nkp = (nb + 1) / 2;
+  const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
+  const int64_t kp1 = (kb1 + 1) / 2;
+  PairFrag<T> cur[kPairs];
+  const bool early = !a.tiles && w0.fixed;
+  auto load_chunk = [&](PairFrag<T>(&f)[kPairs], int64_t tile16, int64_t kp) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t tr = (g0 + j) * 8 + 2 * c + e % 2;  // tiled activation row
-      const int64_t dr = e < 2 ? 0 : 8;
-      if (a.tiles) {
-        const int32_t o = a.row_out[tr];
-        if (o >= 0) a.y[0][int64_t(o) * a.rows + lr + dr] = acc[j][e];
-      } else if (tr < a.n) {
-        if (a.part)
-          a.part[(int64_t(blockIdx.z) * a.n + tr) * a.rows + lr + dr] = acc[j][e];
-        else
-          pick_y(a, wi)[tr * w.rows + ra + dr] = acc[j][e];
+    for (int u = 0; u < kPairs; ++u)
+      if (kp + u < kp1) f[u] = load_pair<T>(pick_w(a, wi), tile16, nkp, kp + u, lane);
+  };
+  if (early) load_chunk(cur, (wrow + warp * 16) / 16, kb0 / 2);
+  pdl_begin();
+  int64_t g0;
+  int ng;
+  if (a.tiles) {
+    if (int(blockIdx.y) >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    wrow += int64_t(t.x) * a.rows;
+    g0 = t.y / 8;
+    ng = (t.z + 7) / 8;
+  } else {
+    g0 = int64_t(blockIdx.y) * NJ;
+    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  }
+  const int64_t tile16 = (wrow + warp * 16) / 16;
+  if (!early) load_chunk(cur, tile16, kb0 / 2);
+  float acc[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  auto stage = [&](int buf, int64_t kb) {
+    const int kc = int(kb1 - kb < kCh ? kb1 - kb : kCh);
+    for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
+      const int j = i / (kc * 16), r = i % (kc * 16);
+      cp_async16(reinterpret_cast<char*>(&sq[buf][j * kCh * 32]) + r * 16,
+                 reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
+    }
+    for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
+      const int j = i / (kc * 2), r = i % (kc * 2);
+      cp_async16(reinterpret_cast<char*>(&sd[buf][j * kCh * 8]) + r * 16,
+                 reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
+    }
+    cp_async_commit();
+  };
+  if (kb0 < kb1) stage(0, kb0);
+  int buf = 0;
+  for (int64_t kb = kb0; kb < kb1; kb += kCh, buf ^= 1) {
+    const int kc = int(kb1 - kb < kCh ? kb1 - kb : kCh);
+    PairFrag<T> nxt[kPairs];
+    load_chunk(nxt, tile16, (kb + kCh) / 2);
+    if (kb + kCh < kb1) {
+      stage(buf ^ 1, kb + kCh);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (2 * u + h >= kc) break;
+        uint32_t af[4];
+        float sa, sb;
+        pair_block<T>(cur[u], h, af, sa, sb);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          if (j >= ng) break;
+          const int at = j * kCh + 2 * u + h;
+          const int2 b = sq[buf][at * 32 + lane];
+          const float2 s = *reinterpret_cast<const float2*>(&sd[buf][at * 8 + 2 * c]);
+          int p[4] = {0, 0, 0, 0};
+          mma_s8(p, af, b);
+          acc[j][0] += float(p[0]) * (sa * s.x);
+          acc[j][1] += float(p[1]) * (sa * s.y);
+          acc[j][2] += float(p[2]) * (sb * s.x);
+          acc[j][3] += float(p[3]) * (sb * s.y);
+        }
       }
     }
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) cur[u] = nxt[u];
+    __syncthreads();
+  }
+  store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+}
+
+// Weight w's planes into the fragment order above: one thread a lane run.
+template <WType T>
+__global__ void k_make_frag(GpuWeight w, uint4* frag, uint2* frag_scale) {
+  const int64_t nb = w.cols / 32, nkp = (nb + 1) / 2, units = w.rows / 16 * nkp * 32;
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+    const int lane = int(u % 32), c = lane % 4;
+    const int64_t kp = u / 32 % nkp, tile16 = u / 32 / nkp;
+    const int64_t ra = tile16 * 16 + lane / 4, rb = ra + 8;
+    uint32_t word[kFragWords<T>];
+    uint16_t sc[4];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t kb = 2 * kp + h;
+      const bool in = kb < nb;
+      if constexpr (T == WType::Q4_0) {
+        const uint8_t* qs = static_cast<const uint8_t*>(w.qs);
+        word[2 * h] = in ? *reinterpret_cast<const uint32_t*>(qs + (ra * nb + kb) * 16 + 4 * c) : 0x88888888u;
+        word[2 * h + 1] = in ? *reinterpret_cast<const uint32_t*>(qs + (rb * nb + kb) * 16 + 4 * c) : 0x88888888u;
+      } else {
+        const int8_t* qs = static_cast<const int8_t*>(w.qs);
+        const int8_t* pa = qs + (ra * nb + kb) * 32 + 4 * c;
+        const int8_t* pb = qs + (rb * nb + kb) * 32 + 4 * c;
+        word[4 * h + 0] = in ? *reinterpret_cast<const uint32_t*>(pa) : 0u;
+        word[4 * h + 1] = in ? *reinterpret_cast<const uint32_t*>(pb) : 0u;
+        word[4 * h + 2] = in ? *reinterpret_cast<const uint32_t*>(pa + 16) : 0u;
+        word[4 * h + 3] = in ? *reinterpret_cast<const uint32_t*>(pb + 16) : 0u;
+      }
+      sc[2 * h] = in ? w.scale[ra * nb + kb] : 0;
+      sc[2 * h + 1] = in ? w.scale[rb * nb + kb] : 0;
+    }
+    for (int i = 0; i < kFragWords<T> / 4; ++i)
+      frag[u * (kFragWords<T> / 4) + i] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
+    if (c == 0)
+      frag_scale[(tile16 * nkp + kp) * 8 + lane / 4] =
+          make_uint2(uint32_t(sc[0]) | uint32_t(sc[1]) << 16, uint32_t(sc[2]) | uint32_t(sc[3]) << 16);
   }
 }
 
@@ -261,9 +466,18 @@ __global__ void k_mmq_reduce(Args a, int splits, MmqMode mode, const float* m) {
   }
 }
 
+// The fragment-ordered kernel where every weight has its copy (a product's weights are made alike).
+bool all_frag(const Args& a) {
+  bool all = true;
+  for (int i = 0; i < a.nw; ++i) all = all && a.w[i].frag;
+  return all;
+}
 template <WType T, int NJ>
 void launch_nj(const Args& a, dim3 grid, cudaStream_t st) {
-  launch_kernel(k_mmq<T, NJ>, grid, kWarps * 32, 0, st, a);
+  if (all_frag(a))
+    launch_kernel(k_mmq_frag<T, NJ>, grid, kWarps * 32, 0, st, a);
+  else
+    launch_kernel(k_mmq<T, NJ>, grid, kWarps * 32, 0, st, a);
 }
 template <WType T>
 void launch_t(const Args& a, int nj, dim3 grid, cudaStream_t st) {
@@ -332,6 +546,24 @@ bool mmq_supports(const GpuWeight& w) {
   return (w.type == WType::Q4_0 || w.type == WType::Q8_0) && w.rows % kTileRows == 0 && w.cols % 32 == 0;
 }
 
+int64_t frag_bytes(const GpuWeight& w) {
+  const int64_t units = w.rows / 16 * ((w.cols / 32 + 1) / 2) * 32;
+  return units * (w.type == WType::Q4_0 ? 16 : 32);
+}
+int64_t frag_scale_bytes(const GpuWeight& w) { return w.rows / 16 * ((w.cols / 32 + 1) / 2) * 8 * 8; }
+
+void make_frag(const GpuWeight& w, void* frag, void* frag_scale, cudaStream_t st) {
+  const int64_t units = w.rows / 16 * ((w.cols / 32 + 1) / 2) * 32;
+  const unsigned blocks = unsigned(std::min<int64_t>((units + 255) / 256, 65535));
+  if (w.type == WType::Q4_0)
+    launch_kernel(k_make_frag<WType::Q4_0>, blocks, 256, 0, st, w, static_cast<uint4*>(frag),
+                  static_cast<uint2*>(frag_scale));
+  else
+    launch_kernel(k_make_frag<WType::Q8_0>, blocks, 256, 0, st, w, static_cast<uint4*>(frag),
+                  static_cast<uint2*>(frag_scale));
+  check_launch("fragment-ordered weight");
+}
+
 int64_t tiled_x_rows(int64_t n) { return (n + 7) / 8 * 8; }
 
 void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
@@ -347,8 +579,12 @@ int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n) {
   const int64_t groups = (n + 7) / 8, nj = groups_per_tile(groups);
   const int64_t blocks = rows / kTileRows * ((groups + nj - 1) / nj);
   const int64_t nb = ws[0].cols / 32;
-  // Enough blocks for two a multiprocessor; each split at least 8 blocks of 32.
-  const int64_t want = (2 * sm_count() + blocks - 1) / blocks;
+  // Enough blocks for MARKBASE_CUDA_MMQ_SM_BLOCKS (2) a multiprocessor; each split at least 8 blocks of 32.
+  static const int64_t per_sm = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_MMQ_SM_BLOCKS");
+    return v && std::atoi(v) > 0 ? int64_t(std::atoi(v)) : int64_t(2);
+  }();
+  const int64_t want = (per_sm * sm_count() + blocks - 1) / blocks;
   return std::max<int64_t>(1, std::min<int64_t>(want, nb / 8));
 }
 
