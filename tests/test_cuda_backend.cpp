@@ -915,8 +915,8 @@ TEST_F(CudaOps, MoeGatedExperts) {
 // by default only for weights without a bf16 copy, MARKBASE_CUDA_MMQ_ROWS=N for all): same int8
 // activations, same exact block sums, so each row must give the numbers the GEMV gives that row
 // alone, up to the order of float additions - far tighter than the CPU comparison.
-// Both weight layouts: the planes as stored, and the fragment-ordered copies (MARKBASE_CUDA_FRAG_COPIES;
-// 17 blocks of 32 pair the last with zeros).
+// Both weight layouts (no bf16 copies, where the kernels are the path): the planes as stored, and
+// the fragment-ordered copies (MARKBASE_CUDA_FRAG_COPIES; 17 blocks of 32 pair the last with zeros).
 TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   constexpr double kTolSame = 1e-4;
   std::mt19937 rng(21);
@@ -926,7 +926,7 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
     for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}}) guarded("mmq " + dname(dt), [&] {
-      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
+      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag), bf16_copies("MARKBASE_CUDA_BF16_COPIES", "0");
       const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
       Backend& be = *mmq;
       const Weight w = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng), u = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng);

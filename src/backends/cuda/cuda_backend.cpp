@@ -189,8 +189,7 @@ class CudaBackend final : public Backend {
     gemv_rows_ = env_int("MARKBASE_CUDA_GEMV_ROWS", -1);
     mmq_rows_ = env_int("MARKBASE_CUDA_MMQ_ROWS", -1);
     mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", -1);
-    frag_copies_ = env_int("MARKBASE_CUDA_FRAG_COPIES", 0) != 0;
-    frag_rows_ = env_int("MARKBASE_CUDA_FRAG_ROWS", 32);
+    frag_copies_ = env_int("MARKBASE_CUDA_FRAG_COPIES", 1) != 0;
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
@@ -315,9 +314,11 @@ class CudaBackend final : public Backend {
       auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(t.owner, copy.owner);
       t.owner = std::shared_ptr<void>(both, t.data);
     }
-    // Q8_0/Q4_0 (stacked experts too) in the tensor-core kernels' fragment order, for batched
-    // decode (up to MARKBASE_CUDA_FRAG_ROWS rows) and the experts' grouped products.
-    if (use != WeightUse::Lookup && frag_copies_ && mmq_supports(w) &&
+    // Where the tensor-core block products are a weight's path for many rows (stacked experts; a
+    // weight without a bf16 copy), a copy in their fragment order: 26B-A4B Q4_0 on an H200, pp512
+    // 12,093 -> 14,053 tok/s, 64 streams 2,560 -> 3,417. Not beside a bf16 copy: at 8 rows the
+    // kernel on it only matched cuBLAS (E4B Q4_0 1,479 vs 1,476 tok/s), at 12-16 it lost 6-7%.
+    if (use != WeightUse::Lookup && frag_copies_ && !w.bf16 && mmq_supports(w) &&
         want_copy(size_t(frag_bytes(w) + frag_scale_bytes(w)))) {
       Tensor frag = alloc(DType::U8, {frag_bytes(w)}), fscale = alloc(DType::U8, {frag_scale_bytes(w)});
       make_frag(w, frag.data, fscale.data, st_);
@@ -1116,13 +1117,12 @@ class CudaBackend final : public Backend {
     if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= (gemv_rows_ >= 0 ? gemv_rows_ : 4) ||
         (debug_ & 1))
       return false;
-    bool copies = true, frags = true;
+    bool copies = true;
     for (const GpuWeight& w : gw) {
       if (!mmq_supports(w) || w.type != gw[0].type || w.cols != gw[0].cols) return false;
       copies = copies && w.bf16;
-      frags = frags && w.frag;
     }
-    return mmq_rows_ > 0 || !copies || (frags && n <= frag_rows_);
+    return mmq_rows_ > 0 || !copies;
   }
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
@@ -1272,9 +1272,7 @@ class CudaBackend final : public Backend {
   int bf16_copies_ = -1;
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
   int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
-  // MARKBASE_CUDA_FRAG_COPIES=1: fragment-ordered copies while memory allows (off until measured on a GPU).
-  bool frag_copies_ = false;
-  int frag_rows_ = 32;    // MARKBASE_CUDA_FRAG_ROWS: most rows for the tensor-core kernels on those copies
+  bool frag_copies_ = true;  // MARKBASE_CUDA_FRAG_COPIES=0: no fragment-ordered copies (the kernels read the planes)
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: 2 an expert)
   int debug_ = 0;
   bool fuse_quant_ = true;
