@@ -151,6 +151,73 @@ __device__ __forceinline__ void store_tile(const Args& a, const float (&acc)[NJ]
   }
 }
 
+// The activations of blocks [kb, min(kb + CH, kb1)) of groups g0 .. g0 + ng - 1 into one buffer of
+// a chunk of CH blocks: per group kc * 256 bytes of quants and kc * 32 of scales, each a contiguous
+// run in the tiled layout.
+template <int CH>
+__device__ __forceinline__ void stage_x(const Args& a, int2* sq, float* sd, int64_t g0, int ng, int64_t kb,
+                                        int64_t kb1) {
+  const int kc = int(kb1 - kb < CH ? kb1 - kb : CH);
+  for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
+    const int j = i / (kc * 16), r = i % (kc * 16);
+    cp_async16(reinterpret_cast<char*>(&sq[j * CH * 32]) + r * 16,
+               reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
+  }
+  for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
+    const int j = i / (kc * 2), r = i % (kc * 2);
+    cp_async16(reinterpret_cast<char*>(&sd[j * CH * 8]) + r * 16,
+               reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
+  }
+  cp_async_commit();
+}
+
+// Block blk of the staged chunk, every group's, against one A fragment (rows ra, rb with scales
+// sa, sb): each block's exact int32 sums scaled by the weight's and the activation's block scales.
+template <int NJ, int CH>
+__device__ __forceinline__ void mma_groups(float (&acc)[NJ][4], const uint32_t (&af)[4], float sa, float sb,
+                                           const int2* sq, const float* sd, int blk, int ng, int lane) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (j >= ng) break;
+    const int at = j * CH + blk;
+    const int2 b = sq[at * 32 + lane];
+    const float2 s = *reinterpret_cast<const float2*>(&sd[at * 8 + 2 * (lane % 4)]);
+    int p[4] = {0, 0, 0, 0};
+    mma_s8(p, af, b);
+    acc[j][0] += float(p[0]) * (sa * s.x);
+    acc[j][1] += float(p[1]) * (sa * s.y);
+    acc[j][2] += float(p[2]) * (sb * s.x);
+    acc[j][3] += float(p[3]) * (sb * s.y);
+  }
+}
+
+// A dense product's row tile: the weight it lies in (weights' rows are whole tiles) and, in
+// wrow, its first row there.
+__device__ __forceinline__ int weight_of_rows(const Args& a, int64_t& wrow) {
+  int wi = 0;
+  if (!a.tiles)
+    while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
+  return wi;
+}
+
+// The activation groups of the block (read after the wait: experts' tiles are made on the device):
+// experts - its tile's (expert, first row, rows), which also moves wrow into the expert's rows
+// (false: no tile for this block); dense - the groups of blockIdx.y.
+template <int NJ>
+__device__ __forceinline__ bool block_groups(const Args& a, int64_t& wrow, int64_t& g0, int& ng) {
+  if (a.tiles) {
+    if (int(blockIdx.y) >= *a.n_tiles) return false;
+    const int4 t = a.tiles[blockIdx.y];
+    wrow += int64_t(t.x) * a.rows;
+    g0 = t.y / 8;
+    ng = (t.z + 7) / 8;
+  } else {
+    g0 = int64_t(blockIdx.y) * NJ;
+    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  }
+  return true;
+}
+
 // grid: (rows / 64, token tiles (dense) or the most tiles the experts can have, K splits). The
 // activations of a chunk of blocks are copied to shared memory (cp.async, the next chunk's
 // while this one's products run): read from global memory, each block's B fragments were a
@@ -162,21 +229,11 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
   pdl_begin();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, c = lane % 4;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;  // in the rows' space
-  int wi = 0;
   int64_t wrow = tile_row;  // the tile's first row in weight wi
+  const int wi = weight_of_rows(a, wrow);
   int64_t g0;
   int ng;
-  if (a.tiles) {
-    if (int(blockIdx.y) >= *a.n_tiles) return;
-    const int4 t = a.tiles[blockIdx.y];
-    wrow += int64_t(t.x) * a.rows;
-    g0 = t.y / 8;
-    ng = (t.z + 7) / 8;
-  } else {
-    while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
-    g0 = int64_t(blockIdx.y) * NJ;
-    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
-  }
+  if (!block_groups<NJ>(a, wrow, g0, ng)) return;
   const GpuWeight& w = pick_w(a, wi);
   const int64_t nb = w.cols / 32;
   const int64_t ra = wrow + warp * 16 + gr, rb = ra + 8;
@@ -184,22 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
   float acc[NJ][4];
 #pragma unroll
   for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // The activations of blocks [kb, kb + kc) of every group into buffer `buf`: per group kc * 256
-  // bytes of quants and kc * 32 of scales, each a contiguous run in the tiled layout.
-  auto stage = [&](int buf, int64_t kb) {
-    const int kc = int(kb1 - kb < kChunk ? kb1 - kb : kChunk);
-    for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
-      const int j = i / (kc * 16), r = i % (kc * 16);
-      cp_async16(reinterpret_cast<char*>(&sq[buf][j * kChunk * 32]) + r * 16,
-                 reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
-    }
-    for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
-      const int j = i / (kc * 2), r = i % (kc * 2);
-      cp_async16(reinterpret_cast<char*>(&sd[buf][j * kChunk * 8]) + r * 16,
-                 reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
-    }
-    cp_async_commit();
-  };
+  auto stage = [&](int buf, int64_t kb) { stage_x<kChunk>(a, sq[buf], sd[buf], g0, ng, kb, kb1); };
   if (kb0 < kb1) stage(0, kb0);
   int buf = 0;
   for (int64_t kb = kb0; kb < kb1; kb += kChunk, buf ^= 1) {
@@ -223,19 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (u0 + u >= kc) break;
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          if (j >= ng) break;
-          const int at = j * kChunk + u0 + u;
-          const int2 b = sq[buf][at * 32 + lane];
-          const float2 s = *reinterpret_cast<const float2*>(&sd[buf][at * 8 + 2 * c]);
-          int p[4] = {0, 0, 0, 0};
-          mma_s8(p, f[u].a, b);
-          acc[j][0] += float(p[0]) * (f[u].sa * s.x);
-          acc[j][1] += float(p[1]) * (f[u].sa * s.y);
-          acc[j][2] += float(p[2]) * (f[u].sb * s.x);
-          acc[j][3] += float(p[3]) * (f[u].sb * s.y);
-        }
+        mma_groups<NJ, kChunk>(acc, f[u].a, f[u].sa, f[u].sb, sq[buf], sd[buf], u0 + u, ng, lane);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) f[u] = fn[u];
@@ -308,12 +338,10 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   constexpr int kPairs = kFragPairs<T>, kCh = 2 * kPairs;
   __shared__ __align__(16) int2 sq[2][NJ * kCh * 32];
   __shared__ __align__(16) float sd[2][NJ * kCh * 8];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
-  int wi = 0;
   int64_t wrow = tile_row;
-  if (!a.tiles)
-    while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
+  const int wi = weight_of_rows(a, wrow);
   const GpuWeight& w0 = pick_w(a, wi);
   const int64_t nb = w0.cols / 32, nkp = (nb + 1) / 2;
   const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
@@ -329,35 +357,13 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   pdl_begin();
   int64_t g0;
   int ng;
-  if (a.tiles) {
-    if (int(blockIdx.y) >= *a.n_tiles) return;
-    const int4 t = a.tiles[blockIdx.y];
-    wrow += int64_t(t.x) * a.rows;
-    g0 = t.y / 8;
-    ng = (t.z + 7) / 8;
-  } else {
-    g0 = int64_t(blockIdx.y) * NJ;
-    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
-  }
+  if (!block_groups<NJ>(a, wrow, g0, ng)) return;
   const int64_t tile16 = (wrow + warp * 16) / 16;
   if (!early) load_chunk(cur, tile16, kb0 / 2);
   float acc[NJ][4];
 #pragma unroll
   for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  auto stage = [&](int buf, int64_t kb) {
-    const int kc = int(kb1 - kb < kCh ? kb1 - kb : kCh);
-    for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
-      const int j = i / (kc * 16), r = i % (kc * 16);
-      cp_async16(reinterpret_cast<char*>(&sq[buf][j * kCh * 32]) + r * 16,
-                 reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
-    }
-    for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
-      const int j = i / (kc * 2), r = i % (kc * 2);
-      cp_async16(reinterpret_cast<char*>(&sd[buf][j * kCh * 8]) + r * 16,
-                 reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
-    }
-    cp_async_commit();
-  };
+  auto stage = [&](int buf, int64_t kb) { stage_x<kCh>(a, sq[buf], sd[buf], g0, ng, kb, kb1); };
   if (kb0 < kb1) stage(0, kb0);
   int buf = 0;
   for (int64_t kb = kb0; kb < kb1; kb += kCh, buf ^= 1) {
@@ -379,19 +385,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
         uint32_t af[4];
         float sa, sb;
         pair_block<T>(cur[u], h, af, sa, sb);
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          if (j >= ng) break;
-          const int at = j * kCh + 2 * u + h;
-          const int2 b = sq[buf][at * 32 + lane];
-          const float2 s = *reinterpret_cast<const float2*>(&sd[buf][at * 8 + 2 * c]);
-          int p[4] = {0, 0, 0, 0};
-          mma_s8(p, af, b);
-          acc[j][0] += float(p[0]) * (sa * s.x);
-          acc[j][1] += float(p[1]) * (sa * s.y);
-          acc[j][2] += float(p[2]) * (sb * s.x);
-          acc[j][3] += float(p[3]) * (sb * s.y);
-        }
+        mma_groups<NJ, kCh>(acc, af, sa, sb, sq[buf], sd[buf], 2 * u + h, ng, lane);
       }
     }
 #pragma unroll
