@@ -803,10 +803,11 @@ class CudaBackend final : public Backend {
     MB_CHECK((is_quantized(gu.type) || H % 8 == 0) && (is_quantized(dn.type) || I % 8 == 0),
              "moe: expert rows of {} and {} elements need a multiple of 8 on the GPU", H, I);
     const int64_t pairs = n * k;
-    // Tiles pay off once experts average a few pairs: at 0.5 a pair (26B-A4B, 8 streams: 64 pairs over
-    // 128 experts) the pair-by-pair GEMV was faster (4.6 against 7.0 ms a step); a prompt of 512
-    // (32 an expert) is 6x faster in tiles.
-    const int64_t min_pairs = mmq_pairs_ >= 0 ? mmq_pairs_ : 2 * E;
+    // Tiles pay off once experts average enough pairs: on the blocks' planes from 2 an expert (at 0.5,
+    // 26B-A4B at 8 streams, the pair-by-pair GEMV was faster: 4.6 against 7.0 ms a step), on
+    // fragment-ordered copies from 0.5 (26B-A4B Q4_0 tok/s at 8 / 16 streams: 996 / 1,582 in tiles
+    // against 932 / 1,244 pair by pair; 274 against 358 at one stream's 8 pairs).
+    const int64_t min_pairs = mmq_pairs_ >= 0 ? mmq_pairs_ : gu.frag && dn.frag ? E / 2 : 2 * E;
     if (mmq_pairs_ != 0 && pairs >= min_pairs && mmq_supports(gu) && mmq_supports(dn) && I2 % 64 == 0 &&
         H % 64 == 0 && I % 32 == 0)
       return grouped_experts(x, gu, dn, E, I, weights, experts, out);
@@ -1273,7 +1274,7 @@ class CudaBackend final : public Backend {
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
   int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
   bool frag_copies_ = true;  // MARKBASE_CUDA_FRAG_COPIES=0: no fragment-ordered copies (the kernels read the planes)
-  int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: 2 an expert)
+  int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
   bool fuse_quant_ = true;
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
