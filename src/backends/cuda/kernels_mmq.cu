@@ -14,7 +14,6 @@
 // scales d as [group][block][8 rows]. A CUDA block computes 64
 // weight rows (16 a warp: one m16n8k32 A fragment) against NJ groups of 8 activation rows.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -534,20 +533,20 @@ __global__ void k_moe_tiles(const int32_t* experts, int64_t pairs, int E, int64_
   }
 }
 
+// (16-row tile, pair of blocks) units of a fragment-ordered copy.
+int64_t frag_tiles(const GpuWeight& w) { return w.rows / 16 * ((w.cols / 32 + 1) / 2); }
+
 }  // namespace
 
 bool mmq_supports(const GpuWeight& w) {
   return (w.type == WType::Q4_0 || w.type == WType::Q8_0) && w.rows % kTileRows == 0 && w.cols % 32 == 0;
 }
 
-int64_t frag_bytes(const GpuWeight& w) {
-  const int64_t units = w.rows / 16 * ((w.cols / 32 + 1) / 2) * 32;
-  return units * (w.type == WType::Q4_0 ? 16 : 32);
-}
-int64_t frag_scale_bytes(const GpuWeight& w) { return w.rows / 16 * ((w.cols / 32 + 1) / 2) * 8 * 8; }
+int64_t frag_bytes(const GpuWeight& w) { return frag_tiles(w) * 32 * (w.type == WType::Q4_0 ? 16 : 32); }
+int64_t frag_scale_bytes(const GpuWeight& w) { return frag_tiles(w) * 8 * 8; }
 
 void make_frag(const GpuWeight& w, void* frag, void* frag_scale, cudaStream_t st) {
-  const int64_t units = w.rows / 16 * ((w.cols / 32 + 1) / 2) * 32;
+  const int64_t units = frag_tiles(w) * 32;  // a lane run each
   const unsigned blocks = unsigned(std::min<int64_t>((units + 255) / 256, 65535));
   if (w.type == WType::Q4_0)
     launch_kernel(k_make_frag<WType::Q4_0>, blocks, 256, 0, st, w, static_cast<uint4*>(frag),
@@ -573,12 +572,8 @@ int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n) {
   const int64_t groups = (n + 7) / 8, nj = groups_per_tile(groups);
   const int64_t blocks = rows / kTileRows * ((groups + nj - 1) / nj);
   const int64_t nb = ws[0].cols / 32;
-  // Enough blocks for MARKBASE_CUDA_MMQ_SM_BLOCKS (2) a multiprocessor; each split at least 8 blocks of 32.
-  static const int64_t per_sm = [] {
-    const char* v = std::getenv("MARKBASE_CUDA_MMQ_SM_BLOCKS");
-    return v && std::atoi(v) > 0 ? int64_t(std::atoi(v)) : int64_t(2);
-  }();
-  const int64_t want = (per_sm * sm_count() + blocks - 1) / blocks;
+  // Enough blocks for two a multiprocessor; each split at least 8 blocks of 32.
+  const int64_t want = (2 * sm_count() + blocks - 1) / blocks;
   return std::max<int64_t>(1, std::min<int64_t>(want, nb / 8));
 }
 
