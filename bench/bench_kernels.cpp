@@ -7,6 +7,9 @@
 //   Gemm/<isa>/<dtype>/n:<tokens>  prefill matmul 6144 x 1536; GFLOPS = 2 n k m per second
 //   Gemm/avx512-amx/BF16/...       the same bf16 matmuls on AMX tiles (where the CPU runs them);
 //                                  Gemm/avx512/BF16 is the f32 GEMM with AMX turned off
+//   Gemm/rounded-<kernel>/BF16/... the same on activations rounded to bf16 (Bf16Products::Rounded):
+//                                  AMX tiles, or VDPBF16PS with AMX off (where the CPU runs it,
+//                                  which the engine takes only where it is fast)
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
 //                                  (AVX-512 VNNI or AVX2); bytes are the packed weight bytes
@@ -59,6 +62,12 @@ struct AmxScope {
   bool prev;
   explicit AmxScope(bool on) : prev(mb::cpu::set_amx_bf16_matmul(on)) {}
   ~AmxScope() { mb::cpu::set_amx_bf16_matmul(prev); }
+};
+// Bf16Products::Rounded's VDPBF16PS kernel on or off (on by default only where it is fast).
+struct DotScope {
+  bool prev;
+  explicit DotScope(bool on) : prev(mb::cpu::set_avx512_bf16_matmul(on)) {}
+  ~DotScope() { mb::cpu::set_avx512_bf16_matmul(prev); }
 };
 
 mb::Tensor random_tensor(DType dt, std::vector<int64_t> shape, uint32_t seed) {
@@ -125,7 +134,8 @@ WeightSet& weights(DType dt, int64_t m, int64_t k, bool rotate) {
 
 bool measure_membw();
 
-void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv, bool amx = false) {
+void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv, bool amx = false,
+            mb::cpu::Bf16Products products = mb::cpu::Bf16Products::Exact) {
   if (gemv) {
     [[maybe_unused]] static const bool measured = measure_membw();
   }
@@ -136,7 +146,7 @@ void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, in
   const size_t wbytes = size_t(m * k) * mb::dtype_size(dt);
   for (auto _ : state) {
     const mb::Tensor& w = ws.take();
-    mb::cpu::matmul(x.f32(), k, n, k, dt, w.data, size_t(k) * mb::dtype_size(dt), m, y.f32(), m);
+    mb::cpu::matmul(x.f32(), k, n, k, dt, w.data, size_t(k) * mb::dtype_size(dt), m, y.f32(), m, products);
     benchmark::DoNotOptimize(y.f32());
   }
   state.counters["GFLOPS"] =
@@ -346,6 +356,19 @@ bool register_all() {
           benchmark::RegisterBenchmark(("Gemm/avx512-amx/" + std::string(mb::dtype_name(dt)) + "/n:" + std::to_string(n)).c_str(),
                                        [=](benchmark::State& s) { Matmul(s, isa, dt, n, 6144, 1536, false, true); })
               ->UseRealTime()->Unit(benchmark::kMillisecond);
+        for (bool amx : {true, false}) {
+          if (isa != Isa::Avx512 || dt != DType::BF16) continue;
+          AmxScope scope(amx);
+          DotScope dot(true);
+          const char* kernel = mb::cpu::rounded_bf16_matmul_kernel();
+          if (!kernel || (!amx && std::string(kernel) == "amx")) continue;
+          benchmark::RegisterBenchmark(("Gemm/rounded-" + std::string(kernel) + "/BF16/n:" + std::to_string(n)).c_str(),
+                                       [=](benchmark::State& s) {
+                                         DotScope dot_on(true);
+                                         Matmul(s, isa, dt, n, 6144, 1536, false, amx, mb::cpu::Bf16Products::Rounded);
+                                       })
+              ->UseRealTime()->Unit(benchmark::kMillisecond);
+        }
       }
     struct A { const char* name; int64_t n, ctx; int window; };
     for (A c : {A{"decode_ctx64", 1, 64, 0}, A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},

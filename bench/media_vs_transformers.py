@@ -130,8 +130,10 @@ def main():
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"threads {args.threads}"
     print(f"{args.dtype}, {args.device} ({where}), {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
     peer = llama_cpp_mtmd(args, work) if args.llama_cpp else None
-    print("| input | MarkBase s | transformers s | speed-up |" + (" llama.cpp mtmd s | vs llama.cpp |" if peer else ""))
-    print("|---|---|---|---|" + ("---|---|" if peer else ""))
+    exact_col = args.device == "cpu"  # --exact-media: the towers' bf16 matmuls f32-accurate (CPU only)
+    print("| input | MarkBase s | transformers s | speed-up |" + (" MarkBase --exact-media s |" if exact_col else "") +
+          (" llama.cpp mtmd s | vs llama.cpp |" if peer else ""))
+    print("|---|---|---|---|" + ("---|" if exact_col else "") + ("---|---|" if peer else ""))
     # More images (other pixels, same size) and clips: on the GPU MarkBase's figure is the time each of EXTRA more
     # items adds to a prompt (its first item pays for the process's first kernel launches and cuBLAS plans, which
     # transformers' warm-up call leaves out; one more item alone was within the runs' noise for a 30 s clip).
@@ -143,9 +145,9 @@ def main():
         more[audio].append(os.path.join(work, f"speech{i + 2}.wav"))
         mm.write_wav16(more[audio][-1], mm.synthetic_speech(30.0, 6 + i), 16000)
 
-    def markbase_prompt_s(items):
+    def markbase_prompt_s(items, flags=()):
         cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
-               args.device, "--tokens", "2," + ",".join(["10"] * len(items))]
+               args.device, "--tokens", "2," + ",".join(["10"] * len(items)), *flags]
         for flag, path in items:
             cmd += [flag, path]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -162,6 +164,9 @@ def main():
         else:
             mb_s = one
         line = f"| {name} | {mb_s:.3f} | {hf_s:.3f} | {hf_s / mb_s:.2f}x |"
+        if exact_col:
+            exact_s = statistics.median(markbase_prompt_s([(flag, path)], ["--exact-media"]) for _ in range(args.reps))
+            line += f" {exact_s:.3f} |"
         if peer:
             p = peer(flag, path)
             line += f" {p:.3f} | {p / mb_s:.2f}x |" if p else " failed | |"

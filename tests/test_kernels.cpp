@@ -12,7 +12,9 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
@@ -315,6 +317,171 @@ TEST(AmxBf16Matmul, OffOrOtherTablesGiveTheFmaChainBitForBit) {
     const auto y = run(c, x, c.k, w, c.m);
     for (size_t i = 0; i < ref.size(); ++i)
       ASSERT_EQ(std::memcmp(&y[i], &ref[i], 4), 0) << mb::cpu::isa_name(s.isa) << " amx " << s.amx << " at " << i;
+  }
+}
+
+// ---------------------------------------------------------------- bf16 products on rounded inputs
+
+// y = x · wᵀ with Bf16Products::Rounded.
+std::vector<float> run_rounded(const Shape& c, const std::vector<float>& x, int64_t ldx, const Weights& w, int64_t ldy) {
+  std::vector<float> y(size_t(c.n * ldy) + 1, -7.f);
+  mb::cpu::matmul(x.data(), ldx, c.n, c.k, DType::BF16, w.bytes.data(), size_t(c.k) * 2, c.m, y.data(), ldy,
+                  mb::cpu::Bf16Products::Rounded);
+  return y;
+}
+
+// The AVX-512 table with AMX on or off and the VDPBF16PS kernel on (wherever the CPU runs it, fast
+// or not), for the scope's lifetime.
+struct RoundedScope {
+  AmxScope amx;
+  bool prev_dot;
+  explicit RoundedScope(bool amx_on) : amx(Isa::Avx512, amx_on), prev_dot(mb::cpu::set_avx512_bf16_matmul(true)) {}
+  ~RoundedScope() { mb::cpu::set_avx512_bf16_matmul(prev_dot); }
+};
+
+// The settings under which each rounded kernel runs here: AMX on (its one-part tiles), AMX off
+// (VDPBF16PS); named by rounded_bf16_matmul_kernel().
+std::vector<std::pair<std::string, bool>> rounded_kernels() {
+  std::vector<std::pair<std::string, bool>> out;
+  if (!mb::cpu::kernels_for(Isa::Avx512)) return out;
+  for (bool amx : {true, false}) {
+    RoundedScope scope(amx);
+    const char* name = mb::cpu::rounded_bf16_matmul_kernel();
+    if (name && (out.empty() || out.back().first != name)) out.push_back({name, amx});
+  }
+  return out;
+}
+
+// |y - Σ bf16(x)·w| <= 1e-6 Σ|bf16(x)·w| + 1e-6 (the sum in double of the rounded products), all
+// finite, nothing written past m.
+void expect_near_rounded_products(const Shape& c, const std::vector<float>& x, int64_t ldx, const Weights& w,
+                                  const std::vector<float>& y, int64_t ldy, const std::string& what) {
+  for (int64_t t = 0; t < c.n; ++t) {
+    for (int64_t r = 0; r < c.m; ++r) {
+      double sum = 0, mag = 0;
+      for (int64_t i = 0; i < c.k; ++i) {
+        const double p = double(mb::round_to_bf16(x[size_t(t * ldx + i)])) * w.f32[size_t(r * c.k + i)];
+        sum += p;
+        mag += std::fabs(p);
+      }
+      const float got = y[size_t(t * ldy + r)];
+      ASSERT_TRUE(std::isfinite(got)) << what << " n=" << c.n << " k=" << c.k << " m=" << c.m << " t=" << t;
+      ASSERT_NEAR(got, sum, 1e-6 * mag + 1e-6)
+          << what << " n=" << c.n << " k=" << c.k << " m=" << c.m << " t=" << t << " r=" << r;
+    }
+    for (int64_t r = c.m; r < ldy; ++r) ASSERT_EQ(y[size_t(t * ldy + r)], -7.f) << what << " wrote past m";
+  }
+  ASSERT_EQ(y.back(), -7.f) << what << " wrote past y";
+}
+
+TEST(RoundedBf16Matmul, TheRoundedProductsWithTokenRowAndKTails) {
+  const auto kernels = rounded_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
+  std::vector<Shape> cases;
+  for (int64_t n : {9, 12, 13, 25, 100})
+    for (int64_t m : {16, 17, 33, 40})
+      for (int64_t k : {1, 2, 17, 31, 32, 33, 100, 257}) cases.push_back({n, k, m});
+  for (Shape c : std::vector<Shape>{{300, 768, 300}, {17, 3072, 1000}, {64, 2049, 520}}) cases.push_back(c);
+  std::mt19937 rng(21);
+  for (const auto& [name, amx] : kernels) {
+    RoundedScope scope(amx);
+    ASSERT_EQ(std::string(mb::cpu::rounded_bf16_matmul_kernel()), name);
+    for (const Shape& c : cases) {
+      auto x = randn(size_t(c.n * c.k), rng);
+      auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+      expect_near_rounded_products(c, x, c.k, w, run_rounded(c, x, c.k, w, c.m), c.m, name);
+    }
+    // Row strides, and a token's row the same bits in any batch of kAmxMinTokens or more.
+    const Shape c{70, 301, 77};
+    const int64_t ldx = 310, ldy = 80;
+    auto x = randn(size_t(c.n * ldx), rng);
+    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+    const auto all = run_rounded(c, x, ldx, w, ldy);
+    expect_near_rounded_products(c, x, ldx, w, all, ldy, name);
+    for (int64_t n : {mb::cpu::kAmxMinTokens, int64_t(13), int64_t(33)}) {
+      const auto part = run_rounded({n, c.k, c.m}, x, ldx, w, ldy);
+      for (int64_t i = 0; i < n * ldy; ++i)
+        ASSERT_TRUE(same_bits(part[size_t(i)], all[size_t(i)])) << name << " n=" << n << " at " << i;
+    }
+  }
+}
+
+TEST(RoundedBf16Matmul, ExtremeMagnitudesStayFinite) {
+  const auto kernels = rounded_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
+  std::mt19937 rng(22);
+  const Shape c{33, 100, 40};
+  for (const auto& [name, amx] : kernels) {
+    RoundedScope scope(amx);
+    for (float sx : {1e30f, 1e-30f}) {
+      auto x = randn(size_t(c.n * c.k), rng, sx);
+      auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+      expect_near_rounded_products(c, x, c.k, w, run_rounded(c, x, c.k, w, c.m), c.m, name);
+    }
+    // Activations at the largest floats, whose rounding would carry past the largest bf16, stay
+    // finite (truncated there instead).
+    std::vector<float> x(size_t(c.n * c.k));
+    const float big = std::numeric_limits<float>::max();
+    for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 ? 1.f : -1.f) * big;
+    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng, 1e-6f);
+    const auto y = run_rounded(c, x, c.k, w, c.m);
+    for (int64_t i = 0; i < c.n * c.m; ++i) ASSERT_TRUE(std::isfinite(y[size_t(i)])) << name << " at " << i;
+  }
+}
+
+// Fewer than kAmxMinTokens tokens, other tables, and F32/F16 weights take the exact products.
+TEST(RoundedBf16Matmul, ExactWhereNoRoundedKernelRuns) {
+  std::mt19937 rng(23);
+  for (Isa isa : paths()) {
+    AmxScope scope(isa, false);
+    for (Shape c : {Shape{mb::cpu::kAmxMinTokens - 1, 300, 50}, Shape{40, 300, 50}}) {
+      auto x = randn(size_t(c.n * c.k), rng);
+      for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+        if (dt == DType::BF16 && c.n >= mb::cpu::kAmxMinTokens && mb::cpu::rounded_bf16_matmul_kernel()) continue;
+        auto w = make_weights(dt, size_t(c.m * c.k), rng);
+        std::vector<float> exact(size_t(c.n * c.m)), rounded(size_t(c.n * c.m));
+        const size_t stride = size_t(c.k) * mb::dtype_size(dt);
+        mb::cpu::matmul(x.data(), c.k, c.n, c.k, dt, w.bytes.data(), stride, c.m, exact.data(), c.m);
+        mb::cpu::matmul(x.data(), c.k, c.n, c.k, dt, w.bytes.data(), stride, c.m, rounded.data(), c.m,
+                        mb::cpu::Bf16Products::Rounded);
+        for (size_t i = 0; i < exact.size(); ++i)
+          ASSERT_TRUE(same_bits(exact[i], rounded[i])) << mb::cpu::isa_name(isa) << " " << mb::dtype_name(dt);
+      }
+    }
+  }
+}
+
+// A bf16 weight prepared for MatmulRoundedInputs takes the rounded products in Backend::matmul,
+// the composite ops built on it work, and a plain Matmul weight stays exact.
+TEST(RoundedBf16Matmul, WeightsPreparedForRoundedInputsTakeThem) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(24);
+  const Shape c{40, 96, 64};
+  auto x = randn(size_t(c.n * c.k), rng);
+  auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+  mb::Tensor src;
+  src.dtype = DType::BF16;
+  src.shape = {c.m, c.k};
+  src.data = w.bytes.data();
+  mb::Tensor xt = mb::host_tensor(DType::F32, {c.n, c.k});
+  std::memcpy(xt.data, x.data(), x.size() * 4);
+  using Use = mb::Backend::WeightUse;
+  for (Use use : {Use::Matmul, Use::MatmulRoundedInputs}) {
+    const mb::Tensor wt = be->prepare_weight(src, DType::BF16, use);
+    mb::Tensor y = mb::host_tensor(DType::F32, {c.n, c.m});
+    be->matmul(xt, wt, y);
+    std::vector<float> want(size_t(c.n * c.m));
+    mb::cpu::matmul(x.data(), c.k, c.n, c.k, DType::BF16, w.bytes.data(), size_t(c.k) * 2, c.m, want.data(), c.m,
+                    use == Use::Matmul ? mb::cpu::Bf16Products::Exact : mb::cpu::Bf16Products::Rounded);
+    for (int64_t i = 0; i < c.n * c.m; ++i)
+      ASSERT_TRUE(same_bits(y.f32()[i], want[size_t(i)])) << int(use) << " at " << i;
+    // Composite ops fall back to their matmuls for such weights.
+    mb::Tensor g = mb::host_tensor(DType::F32, {c.n, c.m});
+    be->matmul_gelu_mul(xt, wt, wt, g);
+    for (int64_t i = 0; i < c.n * c.m; ++i) ASSERT_TRUE(std::isfinite(g.f32()[i]));
+    mb::Tensor y2 = mb::host_tensor(DType::F32, {c.n, c.m});
+    be->matmuls(xt, {&wt, &wt}, {&y, &y2});
+    for (int64_t i = 0; i < c.n * c.m; ++i) ASSERT_TRUE(same_bits(y2.f32()[i], want[size_t(i)]));
   }
 }
 

@@ -25,6 +25,6 @@ std::vector<int32_t> parse_token_list(const std::string& s, const char* flag = "
 constexpr int kMaxThreads = 4096;
 void add_threads_option(CLI::App* cmd, int& threads);
 // --mmproj FILE (llama.cpp's mmproj GGUF for a GGUF model's images and audio) and --image-tokens N.
-void add_media_model_options(CLI::App* cmd, std::string& mmproj, int& image_tokens);
+void add_media_model_options(CLI::App* cmd, std::string& mmproj, int& image_tokens, bool& exact_media);
 
 }  // namespace mb::cli

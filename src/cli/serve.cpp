@@ -55,6 +55,7 @@ void register_serve(CLI::App& app) {
     int port = 8080, max_seqs = 16, threads = 0, max_queue = 256;
     int64_t ctx = 0;
     int image_tokens = 0;
+    bool exact_media = false;
     double timeout = 0;
     bool no_prefix_cache = false;
     std::string max_body = "16M";
@@ -63,7 +64,7 @@ void register_serve(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("-m,--model", a->model,
                   "checkpoint folder or .gguf file (default: $MARKBASE_MODEL, else Gemma 3 270M)");
-  add_media_model_options(cmd, a->mmproj, a->image_tokens);
+  add_media_model_options(cmd, a->mmproj, a->image_tokens, a->exact_media);
   cmd->add_option("--host", a->host, "address to listen on (0.0.0.0: every interface)");
   cmd->add_option("--port", a->port, "TCP port (0: any free one, printed at start)")->check(whole_number(0, 65535));
   cmd->add_option("--served-model-name", a->name, "the model's name in the API (default: its file or folder name)");
@@ -106,6 +107,7 @@ void register_serve(CLI::App& app) {
     eo.model_path = a->model.empty() ? default_model_path() : a->model;
     eo.mmproj_path = a->mmproj;
     eo.image_tokens = a->image_tokens;
+    eo.exact_media = a->exact_media;
     eo.device = a->device;
     eo.threads = a->threads;
     eo.max_context = a->ctx;

@@ -48,6 +48,7 @@ std::unique_ptr<Checkpoint> open_checkpoint(const std::string& path, const Check
   ck->path = path;
   check_image_tokens(opts.image_tokens);
   ck->image_tokens = opts.image_tokens;
+  ck->exact_media = opts.exact_media;
   fs::path p(path);
   MB_CHECK(fs::exists(p), "model path {} does not exist", path);
   if (!fs::is_directory(p)) {

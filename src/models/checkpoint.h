@@ -27,6 +27,7 @@ struct Checkpoint {
   // processor_config.json (an mmproj's); null otherwise.
   nlohmann::json processor_config;
   int image_tokens = 0;  // CheckpointOptions::image_tokens
+  bool exact_media = false;  // CheckpointOptions::exact_media
 
   const Architecture& architecture() const;
 };
@@ -39,6 +40,9 @@ struct CheckpointOptions {
   std::string mmproj = {};
   // Soft tokens an image may become (70, 140, 280, 560 or 1120); 0: the processor's setting.
   int image_tokens = 0;
+  // The towers' bf16 matrices prepared for f32-accurate products instead of
+  // Backend::WeightUse::MatmulRoundedInputs.
+  bool exact_media = false;
 };
 
 // `path`: a Hugging Face checkpoint folder (config.json + model.safetensors or a sharded index)

@@ -34,7 +34,8 @@ Tensor TowerWeights::matrix(const std::string& name, std::vector<int64_t> shape)
   MB_CHECK(be_.supports_weight_dtype(src.dtype), "tensor '{}' has dtype {}, which the {} backend cannot use", name,
            dtype_name(src.dtype), be_.name());
   if (src.rank() > 2) src = src.reshaped({src.dim(0), src.numel() / src.dim(0)});
-  return be_.prepare_weight(src, src.dtype);
+  return be_.prepare_weight(src, src.dtype,
+                            ck_.exact_media ? Backend::WeightUse::Matmul : Backend::WeightUse::MatmulRoundedInputs);
 }
 
 Tensor TowerWeights::vec(const std::string& name, int64_t n) const {

@@ -31,7 +31,7 @@ class TowerWeights {
  public:
   TowerWeights(const Checkpoint& ck, Backend& be) : ck_(ck), be_(be) {}
   // A matrix in the checkpoint's dtype, prepared for the backend's matmuls (a conv kernel of rank
-  // > 2 as its im2col rows [out, in · kernel]).
+  // > 2 as its im2col rows [out, in · kernel]), on rounded inputs unless Checkpoint::exact_media.
   Tensor matrix(const std::string& name, std::vector<int64_t> shape) const;
   Tensor vec(const std::string& name, int64_t n) const;  // f32, for norms
   std::vector<float> host_values(const std::string& name, std::vector<int64_t> shape) const;  // f32 on the host

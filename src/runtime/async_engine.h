@@ -27,6 +27,7 @@ struct EngineOptions {
   std::string model_path;
   std::string mmproj_path;  // a GGUF model's vision/audio towers (llama.cpp's mmproj GGUF); "" none
   int image_tokens = 0;     // an image's soft-token budget (70 ... 1120); 0: the model's processor's
+  bool exact_media = false;  // markbase::EngineOptions::exact_media
   std::string device = "cpu";
   std::string dtype = "auto";
   int threads = 0;             // 0: all cores

@@ -148,6 +148,7 @@ class LocalEngine final : public Engine {
     c.model_path = o.model_path;
     c.mmproj_path = o.mmproj_path;
     c.image_tokens = o.image_tokens;
+    c.exact_media = o.exact_media;
     c.device = o.device;
     c.dtype = o.dtype;
     c.threads = o.threads;

@@ -212,7 +212,8 @@ PromptMedia& EngineCore::media() {
   if (!media_)
     media_ = std::make_unique<PromptMedia>(
         opts_.model_path,
-        CheckpointOptions{.load_multimodal = true, .mmproj = opts_.mmproj_path, .image_tokens = opts_.image_tokens},
+        CheckpointOptions{.load_multimodal = true, .mmproj = opts_.mmproj_path, .image_tokens = opts_.image_tokens,
+                          .exact_media = opts_.exact_media},
         *backend_);
   return *media_;
 }

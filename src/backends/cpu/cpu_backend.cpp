@@ -226,8 +226,13 @@ class CpuBackend final : public Backend {
 
   Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use) override {
     Tensor t = converted(src, dtype);
-    if (src.rank() == 1 && t.dtype == DType::F32 && use == WeightUse::Matmul) return vectors_.copy(t);
-    if (use != WeightUse::Matmul && t.data == src.data) advise_random_access(src.data, src.nbytes());
+    const bool matmul_only = use == WeightUse::Matmul || use == WeightUse::MatmulRoundedInputs;
+    if (src.rank() == 1 && t.dtype == DType::F32 && matmul_only) return vectors_.copy(t);
+    if (!matmul_only && t.data == src.data) advise_random_access(src.data, src.nbytes());
+    if (use == WeightUse::MatmulRoundedInputs && t.dtype == DType::BF16) {
+      t.packed = rounded_inputs();
+      return t;
+    }
     // Block-quantized matmul weights get the integer kernels' layout when an integer kernel runs
     // here (not on the scalar table, not with MARKBASE_QUANT_MATMUL=exact: a copy nobody reads
     // would double the resident weights). The plain rows stay for lookups and the f32-activation
@@ -258,10 +263,25 @@ class CpuBackend final : public Backend {
     return dst;
   }
 
-  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override { matmul_with(x, w, y, true); }
+  // Tensor::packed of a bf16 weight prepared for WeightUse::MatmulRoundedInputs: a tag, not a copy
+  // (the rounded kernels read the rows where they lie).
+  static const std::shared_ptr<const void>& rounded_inputs() {
+    static const char tag = 0;
+    static const std::shared_ptr<const void> p(&tag, [](const void*) {});
+    return p;
+  }
 
-  // allow_amx: see cpu::matmul.
-  void matmul_with(const Tensor& x, const Tensor& w, Tensor& y, bool allow_amx) {
+  // w's copy for the integer kernels (prepare_weight), or null; a bf16 weight's `packed` is the
+  // rounded-inputs tag.
+  static const cpu::QPacked* qpacked(const Tensor& w) {
+    return dtype_is_quantized(w.dtype) ? static_cast<const cpu::QPacked*>(w.packed.get()) : nullptr;
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, Tensor& y) override {
+    matmul_with(x, w, y, w.packed == rounded_inputs() ? cpu::Bf16Products::Rounded : cpu::Bf16Products::Exact);
+  }
+
+  void matmul_with(const Tensor& x, const Tensor& w, Tensor& y, cpu::Bf16Products products) {
     check_f32(x, "matmul", "x");
     check_f32(y, "matmul", "y");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
@@ -269,14 +289,14 @@ class CpuBackend final : public Backend {
              x.shape_str(), w.shape_str(), y.shape_str());
     if (dtype_is_quantized(w.dtype)) return matmul_quantized(x, w, y);
     MB_CHECK(cpu::is_kernel_weight_dtype(w.dtype), "matmul: unsupported weight dtype {}", dtype_name(w.dtype));
-    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m, allow_amx);
+    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m, products);
   }
 
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override {
     MB_CHECK(ws.size() == ys.size(), "matmuls: {} weights for {} outputs", ws.size(), ys.size());
     cpu::QMatmulFn fn = cpu::qmatmul_kernel();
     bool fused = fn != nullptr && ws.size() > 1;
-    for (size_t i = 0; fused && i < ws.size(); ++i) fused = ws[i]->packed != nullptr;
+    for (size_t i = 0; fused && i < ws.size(); ++i) fused = qpacked(*ws[i]) != nullptr;
     if (!fused) return Backend::matmuls(x, ws, ys);
     check_f32(x, "matmuls", "x");
     std::vector<const cpu::QPacked*> packed;
@@ -285,7 +305,7 @@ class CpuBackend final : public Backend {
       check_f32(*ys[i], "matmuls", "y");
       MB_CHECK(ws[i]->cols() == x.cols() && ys[i]->numel() == x.rows() * ws[i]->rows(),
                "matmuls: x {} · w {}ᵀ -> y {} do not fit", x.shape_str(), ws[i]->shape_str(), ys[i]->shape_str());
-      packed.push_back(static_cast<const cpu::QPacked*>(ws[i]->packed.get()));
+      packed.push_back(qpacked(*ws[i]));
       outs.push_back(ys[i]->f32());
     }
     cpu::qmatmul_many(fn, packed, x.f32(), x.cols(), x.rows(), outs);
@@ -293,7 +313,7 @@ class CpuBackend final : public Backend {
 
   void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) override {
     cpu::QMatmulFn fn = cpu::qmatmul_kernel();
-    if (!fn || !w_gate.packed || !w_up.packed) return Backend::matmul_gelu_mul(x, w_gate, w_up, out);
+    if (!fn || !qpacked(w_gate) || !qpacked(w_up)) return Backend::matmul_gelu_mul(x, w_gate, w_up, out);
     check_f32(x, "matmul_gelu_mul", "x");
     check_f32(out, "matmul_gelu_mul", "out");
     MB_CHECK(w_gate.cols() == x.cols() && w_up.cols() == x.cols() && w_up.rows() == w_gate.rows() &&
@@ -301,14 +321,13 @@ class CpuBackend final : public Backend {
              "matmul_gelu_mul: x {} · gate {}ᵀ, up {}ᵀ -> out {} do not fit", x.shape_str(), w_gate.shape_str(),
              w_up.shape_str(), out.shape_str());
     Tensor up = scratch(DType::F32, out.shape);
-    cpu::qmatmul_gelu_mul(fn, *static_cast<const cpu::QPacked*>(w_gate.packed.get()),
-                          *static_cast<const cpu::QPacked*>(w_up.packed.get()), x.f32(), x.cols(), x.rows(), out.f32(),
+    cpu::qmatmul_gelu_mul(fn, *qpacked(w_gate), *qpacked(w_up), x.f32(), x.cols(), x.rows(), out.f32(),
                           up.f32());
   }
 
   void gated_ffn(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down, Tensor& out) override {
     cpu::QMatmulFn fn = cpu::qmatmul_kernel();
-    if (!fn || !w_gate.packed || !w_up.packed || !w_down.packed || w_gate.rows() % 32 != 0)
+    if (!fn || !qpacked(w_gate) || !qpacked(w_up) || !qpacked(w_down) || w_gate.rows() % 32 != 0)
       return Backend::gated_ffn(x, w_gate, w_up, w_down, out);
     check_f32(x, "gated_ffn", "x");
     check_f32(out, "gated_ffn", "out");
@@ -318,9 +337,7 @@ class CpuBackend final : public Backend {
              "gated_ffn: x {} · gate {}ᵀ, up {}ᵀ, down {}ᵀ -> out {} do not fit", x.shape_str(), w_gate.shape_str(),
              w_up.shape_str(), w_down.shape_str(), out.shape_str());
     Tensor g = scratch(DType::F32, {n, F}), up = scratch(DType::F32, {n, F});
-    cpu::qmatmul_gated_ffn(fn, *static_cast<const cpu::QPacked*>(w_gate.packed.get()),
-                           *static_cast<const cpu::QPacked*>(w_up.packed.get()),
-                           *static_cast<const cpu::QPacked*>(w_down.packed.get()), x.f32(), x.cols(), n, g.f32(), up.f32(),
+    cpu::qmatmul_gated_ffn(fn, *qpacked(w_gate), *qpacked(w_up), *qpacked(w_down), x.f32(), x.cols(), n, g.f32(), up.f32(),
                            out.f32(), w_down.rows());
   }
 
@@ -691,10 +708,10 @@ class CpuBackend final : public Backend {
       wdn.packed = packed_rows(down, e * H, H);
       // An expert's token count depends on the rest of the batch: its matmuls stay off the
       // count-dependent AMX-BF16 path, so a token's result is the same in any batch.
-      matmul_with(xe, wgu, gu, false);
+      matmul_with(xe, wgu, gu, cpu::Bf16Products::FmaChain);
       for (int64_t i = 0; i < m; ++i)
         cpu::kernels().gelu_tanh_mul(gu.f32() + i * I2, gu.f32() + i * I2 + I, act.f32() + i * I, I);
-      matmul_with(act, wdn, ye, false);
+      matmul_with(act, wdn, ye, cpu::Bf16Products::FmaChain);
       for (int64_t i = 0; i < m; ++i)
         cpu::axpy(toks[size_t(i)].second, ye.f32() + i * H, out.f32() + toks[size_t(i)].first * H, H);
     }
@@ -757,7 +774,7 @@ class CpuBackend final : public Backend {
 
   // The packed rows [row0, row0 + rows) of w when they start a packed group, else null.
   static std::shared_ptr<const void> packed_rows(const Tensor& w, int64_t row0, int64_t rows) {
-    if (!w.packed || row0 % cpu::kQRows != 0) return nullptr;
+    if (!qpacked(w) || row0 % cpu::kQRows != 0) return nullptr;
     auto all = std::static_pointer_cast<const cpu::QPacked>(w.packed);
     auto view = std::make_shared<cpu::QPacked>(*all);
     view->m = rows;

@@ -1,7 +1,7 @@
 // Kernel dispatch, the scalar kernel table, and the parallel drivers. Compiled for the baseline
 // x86-64 target like the rest of the library: nothing here may assume AVX.
 #include "backends/cpu/cpu_kernels.h"
-#include "backends/cpu/matmul_amx.h"
+#include "backends/cpu/bf16_gemm.h"
 #include "core/cache_hint.h"
 #include "core/quant.h"
 
@@ -157,6 +157,10 @@ const KernelTable kScalar = {
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, avx512_vnni = false;
   bool amx_int8 = false, amx_bf16 = false;  // the CPU and the OS's XCR0
+  // VDPBF16PS at twice the f32 FMA's products a cycle: AMD's (Zen 4 runs the 512-bit one as
+  // two 256-bit halves, 64 flops a cycle a core); the Intel Xeon here runs it at half its FMAs'
+  // rate (1.2 G instructions/s against 4.85 G on one core), where AMX is the bf16 path.
+  bool avx512_bf16 = false, fast_avx512_bf16 = false;
 };
 
 CpuFeatures detect_features() {
@@ -180,6 +184,11 @@ CpuFeatures detect_features() {
   const bool amx_tile = d & (1u << 24);
   f.amx_int8 = f.avx512_vnni && tiles_os && amx_tile && (d & (1u << 25));
   f.amx_bf16 = f.avx512 && tiles_os && amx_tile && (d & (1u << 22));
+  unsigned vendor[3];
+  __get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]);
+  const bool amd = std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512 && (a & (1u << 5));
+  f.fast_avx512_bf16 = f.avx512_bf16 && amd;
 #endif
   return f;
 }
@@ -296,6 +305,12 @@ bool amx_bf16_matmul_active() {
 
 bool set_amx_bf16_matmul(bool on) { return g_amx_bf16_on.exchange(on); }
 
+namespace {
+std::atomic<bool> g_bf16_dot_on{features().fast_avx512_bf16};
+}  // namespace
+
+bool set_avx512_bf16_matmul(bool on) { return g_bf16_dot_on.exchange(on); }
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return "scalar";
@@ -335,9 +350,9 @@ DequantFn dequant_fn(DType t) {
   }
 }
 
-// bf16 weights times many tokens on AMX tiles (matmul_amx.h says why): the activations are split
-// and packed once, then tasks of whole 32-row steps (two weight tiles) run over every token.
-void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
+// bf16 weights times many tokens on bf16 products (bf16_gemm.h says why): the activations are
+// split or rounded and packed once, then tasks of whole row steps run over every token.
+void matmul_bf16_products(const Bf16GemmKernels& G, const MatArgs& a) {
   ThreadPool& pool = ThreadPool::global();
   thread_local Scratch xp_buf;
   uint16_t* xp = static_cast<uint16_t*>(xp_buf.bytes(G.xp_bytes(a.n, a.k)));
@@ -357,7 +372,19 @@ void matmul_amx_bf16(const AmxBf16Kernels& G, const MatArgs& a) {
   });
 }
 
+const Bf16GemmKernels* rounded_bf16_kernels() {
+  if (amx_bf16_matmul_active()) return amx_bf16_rounded_kernels();
+  if (kernels().isa == Isa::Avx512 && features().avx512_bf16 && g_bf16_dot_on.load(std::memory_order_relaxed))
+    return avx512_bf16_rounded_kernels();
+  return nullptr;
+}
+
 }  // namespace
+
+const char* rounded_bf16_matmul_kernel() {
+  const Bf16GemmKernels* G = rounded_bf16_kernels();
+  return !G ? nullptr : G == amx_bf16_rounded_kernels() ? "amx" : "avx512bf16";
+}
 
 bool matmul_blocks_supported(int64_t n) {
   const KernelTable& K = kernels();
@@ -365,7 +392,7 @@ bool matmul_blocks_supported(int64_t n) {
 }
 
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy, bool allow_amx) {
+            int64_t m, float* y, int64_t ldy, Bf16Products products) {
   if (n <= 0 || m <= 0) return;
   if (k == 0) {
     for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, 0.f);
@@ -381,9 +408,10 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   } else {
     a.wt = wtype(wt);
   }
-  if (allow_amx && a.wt == WType::BF16 && n >= kAmxMinTokens && amx_bf16_matmul_active()) {
-    matmul_amx_bf16(*amx_bf16_kernels(), a);
-    return;
+  if (a.wt == WType::BF16 && n >= kAmxMinTokens && products != Bf16Products::FmaChain) {
+    const Bf16GemmKernels* G = products == Bf16Products::Rounded ? rounded_bf16_kernels() : nullptr;
+    if (!G && amx_bf16_matmul_active()) G = amx_bf16_kernels();
+    if (G) return matmul_bf16_products(*G, a);
   }
   ThreadPool& pool = ThreadPool::global();
   if (!K.gemm || n <= K.gemv_max_tokens) {

@@ -63,10 +63,26 @@ WType wtype(DType t);
 // Parallel drivers over ThreadPool::global() with the active table.
 // y[n, m] = x[n, k] · w[m, k]ᵀ; x rows ldx floats apart, y rows ldy apart. Block-quantized w
 // (dequantized panel by panel into the f32 GEMM) only where matmul_blocks_supported(n).
-// allow_amx = false keeps bf16 weights on the fma chain at any n: for callers whose n depends on
-// other tokens of the batch (a MoE expert's routed tokens), so that a token's bits do not.
+// How bf16 weights (F32, F16 and block weights ignore it) take the f32 activations:
+enum class Bf16Products {
+  // f32-accurate: the fma chain, or from kAmxMinTokens on, AMX with the activations split.
+  Exact,
+  // The fma chain at any n: for callers whose n depends on other tokens of the batch (a MoE
+  // expert's routed tokens), so that a token's bits do not.
+  FmaChain,
+  // From kAmxMinTokens on, the activations rounded to bf16 (nearest even) where AMX or
+  // AVX512-BF16 runs the products (bf16_gemm.h; as transformers' bf16 modules and GPU GEMMs take
+  // them); else as Exact. rounded_bf16_matmul_kernel() tells which.
+  Rounded,
+};
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy, bool allow_amx = true);
+            int64_t m, float* y, int64_t ldy, Bf16Products products = Bf16Products::Exact);
+// The kernel Bf16Products::Rounded takes: "amx", "avx512bf16", or null (none here: exact products).
+const char* rounded_bf16_matmul_kernel();
+// Process-wide switch (tests, benchmarks) for Rounded's VDPBF16PS kernel where AMX does not run
+// and the CPU has AVX512-BF16; on by default only where VDPBF16PS outruns the f32 FMAs (AMD).
+// Returns the previous value. Not for use while kernels run on other threads.
+bool set_avx512_bf16_matmul(bool on);
 bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 // Several sequences' attention (each with its own queries, KV and positions) in one parallel region.

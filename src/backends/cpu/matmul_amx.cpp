@@ -1,11 +1,13 @@
-// AMX-BF16 kernels (matmul_amx.h). This file alone is built with the AMX flags; cpu::matmul calls
-// it only after checking the CPU and the OS (cpu_amx_bf16_ready). Only intrinsics and plain loops:
-// no standard-library templates, whose out-of-line copies could be shared with (and picked for)
-// code that runs on any CPU.
-#include "backends/cpu/matmul_amx.h"
+// AMX-BF16 kernels (bf16_gemm.h), exact and rounded. This file alone is built with the AMX flags;
+// cpu::matmul calls it only after checking the CPU and the OS (cpu_amx_bf16_ready). Only
+// intrinsics and plain loops: no standard-library templates, whose out-of-line copies could be
+// shared with (and picked for) code that runs on any CPU.
+#include "backends/cpu/bf16_gemm.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
+
+#include "backends/cpu/bf16_bits_avx512.h"
 
 namespace mb::cpu {
 namespace {
@@ -13,10 +15,10 @@ namespace {
 constexpr int kTile = 16;            // weight rows of an A tile, tokens of a B tile, both of a C tile
 constexpr int64_t kKBlock = 32;      // k per tile product: 32 bf16 = one 64-byte tile row
 constexpr int64_t kTileElems = 512;  // bf16 in one 1 KB tile
-// bf16 parts each activation is split into (split_bf16; matmul_amx.h says why).
-constexpr int kParts = 3;
+// The kernels are templates on P, the bf16 parts each activation is split into (split_bf16;
+// bf16_gemm.h says why): 3 for exact products, 1 for rounded ones.
 // bf16 of one token tile and k block in the packed activations: a B tile per part.
-constexpr int64_t kXStep = kParts * kTileElems;
+template <int P> constexpr int64_t kXStep = P * kTileElems;
 
 inline int64_t k_blocks(int64_t k) { return (k + kKBlock - 1) / kKBlock; }
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -32,63 +34,6 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-
-// Rows r of a 16 x 16 matrix of 32-bit lanes become its columns.
-inline void transpose16(__m512i (&r)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // s[4g + j], 128-bit lane l: column 4l + j of rows 4g .. 4g + 3.
-  __m512i s[16];
-  for (int g = 0; g < 4; ++g) {
-    s[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    s[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    s[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    s[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i u0 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i u1 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i v0 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i v1 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(3, 1, 3, 1));
-    r[j] = _mm512_shuffle_i32x4(u0, v0, _MM_SHUFFLE(2, 0, 2, 0));
-    r[4 + j] = _mm512_shuffle_i32x4(u1, v1, _MM_SHUFFLE(2, 0, 2, 0));
-    r[8 + j] = _mm512_shuffle_i32x4(u0, v0, _MM_SHUFFLE(3, 1, 3, 1));
-    r[12 + j] = _mm512_shuffle_i32x4(u1, v1, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
-// f32 bits rounded to the nearest bf16, ties to even (core/dtype.h's f32_to_bf16), in the high
-// half of each lane.
-inline __m512i round_bf16(__m512i u) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  return _mm512_and_si512(r, _mm512_set1_epi32(int32_t(0xffff0000u)));
-}
-
-// x = Σ part[p] for p < kParts, each part bf16: part[0] = bf16(x) (nearest even), each next part
-// bf16 of what is left (the remainders are exact in f32). Three parts hold all 24 bits of x's
-// significand, so the split is exact except that tile products read bf16 denormals as zero (parts
-// below 2^-126, from |x| < ~2^-110). Where rounding would carry x past the largest bf16, part[0] is
-// x truncated instead, so it stays finite; inf and NaN keep part[0] = x (truncated, NaNs kept
-// quiet) and zero parts after it. The parts come out as f32 bits whose low halves are zero.
-template <int P> inline void split_bf16(__m512 x, __m512i (&part)[P]) {
-  const __m512i u = _mm512_castps_si512(x), abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i inf = _mm512_set1_epi32(0x7f800000), high_half = _mm512_set1_epi32(int32_t(0xffff0000u));
-  const __mmask16 nonfinite = _mm512_cmpge_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-  __m512i h = round_bf16(u);
-  const __mmask16 carried = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h, abs_mask), inf);
-  h = _mm512_mask_and_epi32(h, carried | nonfinite, u, high_half);
-  part[0] = _mm512_mask_or_epi32(h, nan, h, _mm512_set1_epi32(0x00400000));
-  __m512 rest = _mm512_maskz_sub_ps(__mmask16(~nonfinite), x, _mm512_castsi512_ps(part[0]));
-  for (int p = 1; p < P; ++p) {
-    part[p] = round_bf16(_mm512_castps_si512(rest));
-    rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(part[p]));
-  }
-}
 
 // Rows of an 8 x 8 matrix of 64-bit lanes become its columns.
 inline void transpose8(__m512i (&r)[8]) {
@@ -110,15 +55,15 @@ inline void transpose8(__m512i (&r)[8]) {
   }
 }
 
-size_t k_xp_bytes(int64_t n, int64_t k) {
-  return size_t((n + kTile - 1) / kTile) * size_t(k_blocks(k)) * size_t(kXStep) * 2;
+template <int P> size_t k_xp_bytes(int64_t n, int64_t k) {
+  return size_t((n + kTile - 1) / kTile) * size_t(k_blocks(k)) * size_t(kXStep<P>) * 2;
 }
 
 // Per token tile and k block, one 1 KB B tile per part of the split. B tile row p holds k pair p
 // of the 16 tokens: (x[t][2p], x[t][2p + 1]) for t = 0..15. The f32 pairs are transposed first
 // (8 x 8 blocks of 64-bit lanes: tokens to pair rows), then split, which works lane by lane, and
 // each part's high halves gathered into the row. Tokens past n and k past the end are zeros.
-void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
+template <int P> void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
   const int64_t nkb = k_blocks(a.k);
   // Words 1, 3, .., 31 of the first vector, then of the second: the bf16 high halves in order.
   alignas(64) int16_t odd[32];
@@ -127,7 +72,7 @@ void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
   for (int64_t tile = tile0; tile < tile1; ++tile)
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * kKBlock;
-      uint16_t* dst = xp + (tile * nkb + kb) * kXStep;
+      uint16_t* dst = xp + (tile * nkb + kb) * kXStep<P>;
       for (int half = 0; half < 2; ++half) {  // k pairs 8 half .. 8 half + 7
         const int64_t kh = k0 + 16 * half;
         const __mmask16 mask = low_bits16(a.k - kh > 0 ? a.k - kh : 0);
@@ -141,10 +86,10 @@ void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, int64_t tile1) {
           transpose8(pairs[g]);
         }
         for (int j = 0; j < 8; ++j) {
-          __m512i lo[kParts], hi[kParts];  // tokens 0-7, 8-15
+          __m512i lo[P], hi[P];  // tokens 0-7, 8-15
           split_bf16(_mm512_castsi512_ps(pairs[0][j]), lo);
           split_bf16(_mm512_castsi512_ps(pairs[1][j]), hi);
-          for (int p = 0; p < kParts; ++p)
+          for (int p = 0; p < P; ++p)
             _mm512_store_si512(dst + p * kTileElems + (8 * half + j) * 32,
                                _mm512_permutex2var_epi16(lo[p], high_halves, hi[p]));
         }
@@ -177,7 +122,7 @@ struct WeightTile {
 };
 
 // One k block: the weight tiles, then per part of the activations its tiles and 4 products.
-template <int RT, int TT>
+template <int P, int RT, int TT>
 inline void tile_step(const WeightTile& w0, const WeightTile& w1, int64_t kb, const uint16_t* x0, const uint16_t* x1) {
   size_t s0, s1;
   _tile_loadd(4, w0.at(kb, s0), s0);
@@ -186,7 +131,7 @@ inline void tile_step(const WeightTile& w0, const WeightTile& w1, int64_t kb, co
     _tile_loadd(5, w1.at(kb, s1), s1);
     if (w1.keep && kb < w1.direct) _tile_stored(5, w1.panel + kb * kTileElems, 64);
   }
-  for (int p = 0; p < kParts; ++p) {
+  for (int p = 0; p < P; ++p) {
     _tile_loadd(6, x0 + p * kTileElems, 64);
     if constexpr (TT == 2) _tile_loadd(7, x1 + p * kTileElems, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -206,7 +151,7 @@ struct CTiles {
 };
 
 // C[i][j] += RT weight tiles times TT token tiles over nkb k blocks.
-template <int RT, int TT>
+template <int P, int RT, int TT>
 void tile_block(const WeightTile& w0, const WeightTile& w1, const uint16_t* x0, const uint16_t* x1, int64_t nkb,
                 const CTiles& c) {
   if (c.in) {
@@ -220,7 +165,7 @@ void tile_block(const WeightTile& w0, const WeightTile& w1, const uint16_t* x0, 
     if constexpr (RT == 2) _tile_zero(2);
     if constexpr (RT == 2 && TT == 2) _tile_zero(3);
   }
-  for (int64_t kb = 0; kb < nkb; ++kb) tile_step<RT, TT>(w0, w1, kb, x0 + kb * kXStep, x1 + kb * kXStep);
+  for (int64_t kb = 0; kb < nkb; ++kb) tile_step<P, RT, TT>(w0, w1, kb, x0 + kb * kXStep<P>, x1 + kb * kXStep<P>);
   _tile_stored(0, c.out, 64);
   if constexpr (TT == 2) _tile_stored(1, c.out + 256, 64);
   if constexpr (RT == 2) _tile_stored(2, c.out + c.out_stride, 64);
@@ -239,7 +184,7 @@ void store_transposed(const float* c, float* y, int64_t ldy, int64_t rows, int64
 // How a task walks its weights: chunks of `rows` rows, each in slices of `kbs` k blocks. A packed
 // slice (the panel, about kPanelBytes) stays in L2 while every token tile runs against it; partial
 // sums of C wait in scratch between slices. Each chunk streams every token's packed activations
-// for the slice once (6 bytes per token and k, three times the weights' 2), so chunks are as tall
+// for the slice once (2 bytes per token and k a part), so chunks are as tall
 // as the panel allows; slices keep the panel within L2 for long rows.
 constexpr int64_t kPanelBytes = int64_t(768) << 10;
 constexpr int64_t kMaxSliceBlocks = 48;  // 1536 k
@@ -279,7 +224,7 @@ size_t k_scratch_bytes(int64_t n, int64_t k) {
   return nrt * size_t(w.kbs) * kTileElems * 2 + (w.slices > 1 ? nrt * ntt * 256 * 4 : 0) + 4 * 256 * 4;
 }
 
-void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch) {
+template <int P> void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch) {
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) {
     cfg.rows[i] = kTile;
@@ -307,8 +252,8 @@ void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* 
       }
       for (int64_t tt = 0; tt < ntt; tt += 2) {
         const bool two_tokens = tt + 1 < ntt, first_pass = tt == 0;
-        const uint16_t* x0 = xp + (tt * wk.nkb + kb0) * kXStep;
-        const uint16_t* x1 = two_tokens ? x0 + wk.nkb * kXStep : x0;
+        const uint16_t* x0 = xp + (tt * wk.nkb + kb0) * kXStep<P>;
+        const uint16_t* x1 = two_tokens ? x0 + wk.nkb * kXStep<P> : x0;
         for (int64_t i = 0; i < nrt; i += 2) {
           const bool two_rows = i + 1 < nrt;
           WeightTile w[2];
@@ -321,10 +266,10 @@ void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* 
           float* sums = partial + (i * ntt + tt) * 256;
           const CTiles ct{first_slice ? nullptr : sums, ntt * 256, last_slice ? c : sums,
                           last_slice ? 512 : ntt * 256};
-          if (two_rows && two_tokens) tile_block<2, 2>(w[0], w[1], x0, x1, nkb, ct);
-          else if (two_rows) tile_block<2, 1>(w[0], w[1], x0, x1, nkb, ct);
-          else if (two_tokens) tile_block<1, 2>(w[0], w[0], x0, x1, nkb, ct);
-          else tile_block<1, 1>(w[0], w[0], x0, x1, nkb, ct);
+          if (two_rows && two_tokens) tile_block<P, 2, 2>(w[0], w[1], x0, x1, nkb, ct);
+          else if (two_rows) tile_block<P, 2, 1>(w[0], w[1], x0, x1, nkb, ct);
+          else if (two_tokens) tile_block<P, 1, 2>(w[0], w[0], x0, x1, nkb, ct);
+          else tile_block<P, 1, 1>(w[0], w[0], x0, x1, nkb, ct);
           if (!last_slice) continue;
           for (int64_t ri = 0; ri < (two_rows ? 2 : 1); ++ri)
             for (int64_t ti = 0; ti < (two_tokens ? 2 : 1); ++ti) {
@@ -341,18 +286,23 @@ void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* 
 
 int64_t k_task_rows(int64_t k) { return walk(k).rows; }
 
-const AmxBf16Kernels kKernels = {kTile, 2 * kTile, k_task_rows, k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm};
+const Bf16GemmKernels kExact = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<3>,
+                                k_scratch_bytes, k_pack_x<3>, k_gemm<3>};
+const Bf16GemmKernels kRounded = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<1>,
+                                  k_scratch_bytes, k_pack_x<1>, k_gemm<1>};
 
 }  // namespace
 
-const AmxBf16Kernels* amx_bf16_kernels() { return &kKernels; }
+const Bf16GemmKernels* amx_bf16_kernels() { return &kExact; }
+const Bf16GemmKernels* amx_bf16_rounded_kernels() { return &kRounded; }
 
 }  // namespace mb::cpu
 
 #else
 
 namespace mb::cpu {
-const AmxBf16Kernels* amx_bf16_kernels() { return nullptr; }
+const Bf16GemmKernels* amx_bf16_kernels() { return nullptr; }
+const Bf16GemmKernels* amx_bf16_rounded_kernels() { return nullptr; }
 }  // namespace mb::cpu
 
 #endif
