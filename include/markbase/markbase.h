@@ -33,7 +33,7 @@ struct EngineOptions {
   std::string mmproj_path = {};  // a GGUF model's vision/audio towers: llama.cpp's mmproj GGUF ("" none)
   int image_tokens = 0;  // soft tokens an image may become: 70, 140, 280, 560, 1120 (0: the model's processor's)
   // The media towers' bf16 matmuls f32-accurate on the CPU, instead of on activations rounded to bf16
-  // (as transformers' bf16 modules and GPU GEMMs take them; 2-3x faster where AVX512-BF16 or AMX runs).
+  // (as transformers' bf16 modules and GPU GEMMs take them; ~2x faster where AMX runs them).
   bool exact_media = false;
   std::string device = "cpu";  // cpu | cuda
   std::string dtype = "auto";  // auto (checkpoint's own) | f32 | bf16 | f16

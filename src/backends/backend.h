@@ -67,8 +67,8 @@ class Backend {
   // never gets one, so it stays in the mmap and only the rows read are paged in. May alias `src`
   // when nothing needs to change (then the caller keeps `src`'s storage alive).
   // MatmulRoundedInputs: a bf16 matmul weight whose products may take the activations rounded to
-  // bf16, as transformers' bf16 modules and GPU GEMMs do (the media towers): on the CPU twice to
-  // three times the f32-accurate products' speed where AVX512-BF16 or AMX runs them.
+  // bf16, as transformers' bf16 modules and GPU GEMMs do (the media towers): on the CPU ~2x the
+  // f32-accurate products' speed where AMX runs them.
   enum class WeightUse { Matmul, Lookup, MatmulAndLookup, MatmulRoundedInputs };
   virtual Tensor prepare_weight(const Tensor& src, DType dtype, WeightUse use = WeightUse::Matmul) = 0;
   virtual bool supports_weight_dtype(DType dtype) const = 0;

@@ -170,7 +170,7 @@ void add_media_model_options(CLI::App* cmd, std::string& mmproj, int& image_toke
       ->check(CLI::IsMember({70, 140, 280, 560, 1120}));
   cmd->add_flag("--exact-media", exact_media,
                 "f32-accurate bf16 matmuls in the image/audio encoders on the CPU (default: on activations rounded "
-                "to bf16, as transformers' bf16 modules and GPUs take them; 2-3x faster with AVX512-BF16 or AMX)");
+                "to bf16, as transformers' bf16 modules and GPUs take them: ~2x faster where AMX runs them)");
 }
 
 void add_threads_option(CLI::App* cmd, int& threads) {
