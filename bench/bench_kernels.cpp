@@ -11,6 +11,8 @@
 //                                  AMX tiles, or VDPBF16PS with AMX off (where the CPU runs it,
 //                                  which the engine takes only where it is fast)
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
+//                                  (vision2520: an image's 2520 patches, 12 heads of 64; rounded-<kernel>:
+//                                  on the rounded bf16 products, cpu::attention_whole_rounded)
 //   QMatmul/<dtype>/n:<tokens>     integer matmul of packed block-quantized 8192 x 2048 weights
 //                                  (AVX-512 VNNI or AVX2); bytes are the packed weight bytes
 //   QMatmulInCache/<dtype>/n:<t>   the same kernel on one cache-resident 512 x 2048 matrix, one
@@ -184,7 +186,7 @@ void Attention(benchmark::State& state, Isa isa, int64_t n, int64_t ctx, int win
 
 // A vision encoder's attention: every query of an image sees every key of it (E4B's ViT: 12 heads
 // of 64 over 2,520 patches for a 280-token image).
-void EncoderAttention(benchmark::State& state, Isa isa, int64_t n, int64_t nh, int64_t hd) {
+void EncoderAttention(benchmark::State& state, Isa isa, int64_t n, int64_t nh, int64_t hd, bool rounded = false) {
   IsaScope scope(isa);
   mb::Tensor k = random_tensor(DType::F32, {n, nh, hd}, 11), v = random_tensor(DType::F32, {n, nh, hd}, 12);
   mb::Tensor q = random_tensor(DType::F32, {n, nh, hd}, 13), o = mb::host_tensor(DType::F32, {n, nh, hd});
@@ -193,7 +195,8 @@ void EncoderAttention(benchmark::State& state, Isa isa, int64_t n, int64_t nh, i
                       1.f / 8, 0.f};
   a.last = last.data();
   for (auto _ : state) {
-    mb::cpu::attention(a);
+    if (!rounded) mb::cpu::attention(a);
+    else if (!mb::cpu::attention_whole_rounded(a)) return state.SkipWithError("no rounded bf16 kernel here");
     benchmark::DoNotOptimize(o.f32());
   }
   const double flops = 4.0 * double(n) * double(n) * double(nh) * double(hd);
@@ -379,6 +382,10 @@ bool register_all() {
     if (isa != Isa::Scalar)
       benchmark::RegisterBenchmark(("Attention/" + in + "/vision2520").c_str(),
                                    [=](benchmark::State& s) { EncoderAttention(s, isa, 2520, 12, 64); })
+          ->UseRealTime()->Unit(benchmark::kMillisecond);
+    if (isa == Isa::Avx512 && mb::cpu::rounded_bf16_matmul_kernel())
+      benchmark::RegisterBenchmark(("Attention/rounded-" + std::string(mb::cpu::rounded_bf16_matmul_kernel()) + "/vision2520").c_str(),
+                                   [=](benchmark::State& s) { EncoderAttention(s, isa, 2520, 12, 64, true); })
           ->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q6_K})

@@ -485,6 +485,77 @@ TEST(RoundedBf16Matmul, WeightsPreparedForRoundedInputsTakeThem) {
   }
 }
 
+// An image's attention on the rounded products against torch's CPU SDPA numbers on bf16 tensors,
+// in double: s = Σ bf16(q)·bf16(k), e = exp(scale (s - max)), out = Σ bf16(e)·bf16(v) / Σ e. The
+// kernel's scores are f32 sums, so an e near a bf16 rounding boundary may land a bf16 step (2^-8)
+// away, the dominant one too when the softmax is peaked: bound two such steps of Σ p·|v|, 8e-3.
+// Queries past whole blocks, grouped heads, head dims off the tiles.
+TEST(RoundedBf16Matmul, WholeImageAttentionIsSdpaOnBf16) {
+  const auto kernels = rounded_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
+  struct Case {
+    int64_t n, keys, nh, nkv, hd;
+    float scale;
+  };
+  std::mt19937 rng(25);
+  for (const auto& [name, amx] : kernels) {
+    RoundedScope scope(amx);
+    for (Case c : {Case{100, 300, 4, 2, 64, 1.f}, Case{64, 256, 2, 2, 40, 0.125f}, Case{150, 520, 3, 1, 72, 0.5f}}) {
+      auto q = randn(size_t(c.n * c.nh * c.hd), rng), k = randn(size_t(c.keys * c.nkv * c.hd), rng),
+           v = randn(size_t(c.keys * c.nkv * c.hd), rng);
+      std::vector<int32_t> pos(size_t(c.n), int32_t(c.keys - 1));
+      std::vector<float> out(size_t(c.n * c.nh * c.hd), -7.f);
+      mb::cpu::AttnArgs a{q.data(), out.data(), k.data(), v.data(), pos.data(), c.n, c.nh, c.nkv, c.hd, c.keys,
+                          false, nullptr, 0, 0, c.scale, 0.f};
+      ASSERT_TRUE(mb::cpu::attention_whole_rounded(a)) << name;
+      auto r = [](float x) { return double(mb::round_to_bf16(x)); };
+      for (int64_t t = 0; t < c.n; ++t)
+        for (int64_t h = 0; h < c.nh; ++h) {
+          const int64_t g = h / (c.nh / c.nkv);
+          std::vector<double> sc(size_t(c.keys));
+          double m = -1e300, sum = 0;
+          for (int64_t j = 0; j < c.keys; ++j) {
+            double d = 0;
+            for (int64_t i = 0; i < c.hd; ++i)
+              d += r(q[size_t((t * c.nh + h) * c.hd + i)]) * r(k[size_t((j * c.nkv + g) * c.hd + i)]);
+            sc[size_t(j)] = c.scale * d;
+            m = std::max(m, sc[size_t(j)]);
+          }
+          for (double& x : sc) sum += x = std::exp(x - m);
+          for (int64_t i = 0; i < c.hd; ++i) {
+            double want = 0, mag = 0;
+            for (int64_t j = 0; j < c.keys; ++j) {
+              const double e = sc[size_t(j)], vj = r(v[size_t((j * c.nkv + g) * c.hd + i)]);
+              want += r(float(e)) * vj / sum;
+              mag += e / sum * std::fabs(vj);
+            }
+            const float got = out[size_t((t * c.nh + h) * c.hd + i)];
+            ASSERT_TRUE(std::isfinite(got));
+            ASSERT_NEAR(got, want, 8e-3 * mag + 1e-6) << name << " n=" << c.n << " t=" << t << " h=" << h << " i=" << i;
+          }
+        }
+      // Not its case: a window, a soft-cap, queries that see different keys.
+      mb::cpu::AttnArgs w = a;
+      w.window = 8;
+      EXPECT_FALSE(mb::cpu::attention_whole_rounded(w));
+      w = a;
+      w.softcap = 30.f;
+      EXPECT_FALSE(mb::cpu::attention_whole_rounded(w));
+      std::vector<int32_t> causal(size_t(c.n));
+      for (int64_t t = 0; t < c.n; ++t) causal[size_t(t)] = int32_t(c.keys - c.n + t);
+      w = a;
+      w.pos = causal.data();
+      EXPECT_FALSE(mb::cpu::attention_whole_rounded(w));
+    }
+  }
+  AmxScope avx2(Isa::Avx2, true);
+  std::vector<float> q(64 * 64), kv(256 * 64), out(64 * 64);
+  std::vector<int32_t> pos(64, 255);
+  mb::cpu::AttnArgs a{q.data(), out.data(), kv.data(), kv.data(), pos.data(), 64, 1, 1, 64, 256, false, nullptr, 0, 0,
+                      1.f, 0.f};
+  if (mb::cpu::kernels_for(Isa::Avx2)) EXPECT_FALSE(mb::cpu::attention_whole_rounded(a)) << "no rounded kernel on AVX2";
+}
+
 TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
   std::mt19937 rng(3);
   const mb::cpu::KernelTable& S = *mb::cpu::kernels_for(Isa::Scalar);
@@ -516,6 +587,14 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
       S.silu(s2.data(), n);
       for (size_t i = 0; i < s1.size(); ++i)
         ASSERT_NEAR(s1[i], s2[i], 2e-6f * std::fabs(s2[i]) + 1e-30f) << mb::cpu::isa_name(isa) << " silu(" << b[i] << ")";
+      if (n > 0) {
+        std::vector<float> m1 = b, m2 = b;
+        const float sum1 = K.exp_sum_row(m1.data(), n, 0.7f), sum2 = S.exp_sum_row(m2.data(), n, 0.7f);
+        EXPECT_NEAR(sum1, sum2, 2e-6f * sum2) << mb::cpu::isa_name(isa);
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_NEAR(m1[size_t(i)], m2[size_t(i)], 2e-6f * m2[size_t(i)] + 1e-30f) << mb::cpu::isa_name(isa) << " exp";
+        EXPECT_EQ(m1.back(), b.back()) << "exp_sum_row wrote past n";
+      }
       EXPECT_EQ(s1.back(), b.back()) << "silu wrote past n";
       // In place, as the model calls it.
       std::vector<float> g3 = b;

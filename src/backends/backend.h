@@ -48,6 +48,10 @@ struct AttentionParams {
   float scale = 1.f;
   int window = 0;        // > 0: query at p sees keys (p - window, p]; 0: all keys <= p
   float softcap = 0.f;   // > 0: scores = softcap * tanh(scores / softcap)
+  // The products may take q, k, the probabilities and v rounded to bf16, as SDPA on bf16 tensors
+  // does (a vision tower with bf16 weights): the CPU then runs an image's attention as two rounded
+  // GEMMs with an f32 softmax between (cpu::attention_whole_rounded).
+  bool rounded_inputs = false;
 };
 
 class Backend {

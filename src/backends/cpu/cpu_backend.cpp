@@ -616,6 +616,7 @@ class CpuBackend final : public Backend {
                       kv.capacity, kv.ring, kv.pages, kv.page_size, p.window, p.scale, p.softcap});
       args.back().last = s.last;
       MB_CHECK(!s.last || !kv.ring, "attention: keys past a query's position from a ring cache");
+      if (p.rounded_inputs && kv.k.dtype == DType::F32 && cpu::attention_whole_rounded(args.back())) args.pop_back();
     }
     cpu::attention(args.data(), int64_t(args.size()));
   }

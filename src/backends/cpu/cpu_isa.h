@@ -86,6 +86,9 @@ struct KernelTable {
   void (*softcap)(float* x, int64_t n, float cap);
   // x = x · sigmoid(x)
   void (*silu)(float* x, int64_t n);
+  // x = exp(scale (x - m)) over n > 0 finite values, m their max, scale > 0; returns their f32 sum
+  // (a softmax's numerators and denominator).
+  float (*exp_sum_row)(float* x, int64_t n, float scale);
 
   // Matmul for a few tokens (n <= gemv_max_tokens): streams each weight row once. Rows [r0, r1).
   int gemv_max_tokens;

@@ -87,6 +87,13 @@ void s_silu(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
 
+float s_exp_sum_row(float* x, int64_t n, float scale) {
+  float m = x[0], sum = 0.f;
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  for (int64_t i = 0; i < n; ++i) sum += x[i] = std::exp(scale * (x[i] - m));
+  return sum;
+}
+
 void s_softcap(float* x, int64_t n, float cap) {
   const float inv = 1.f / cap;
   for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] * inv) * cap;
@@ -146,7 +153,7 @@ void s_attention(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t 
 }
 
 const KernelTable kScalar = {
-    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap, s_silu,
+    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap, s_silu, s_exp_sum_row,
     std::numeric_limits<int>::max(), s_gemv,
     0, 0, 0, nullptr, nullptr, nullptr, nullptr,
     s_attn_scratch, s_attention, nullptr,
@@ -445,6 +452,67 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
 }
 
 void attention(const AttnArgs& a) { attention(&a, 1); }
+
+bool attention_whole_rounded(const AttnArgs& a) {
+  constexpr int64_t kMinQueries = 64, kMinKeys = 256;
+  // Queries a task: their scores (kQueries x keys f32) and packed probabilities stay in L2.
+  constexpr int64_t kQueries = 64;
+  const Bf16GemmKernels* G = rounded_bf16_kernels();
+  if (!G || a.pages || a.ring || a.window > 0 || a.softcap > 0.f || a.part || a.key_begin != 0 ||
+      a.key_end != INT64_MAX || a.n < kMinQueries || !(a.scale > 0.f))
+    return false;
+  const int64_t last = attn_last_key(a, 0), keys = last + 1;
+  if (keys < kMinKeys || keys > a.capacity) return false;
+  for (int64_t t = 1; t < a.n; ++t)
+    if (attn_last_key(a, t) != last) return false;
+  const int64_t nh = a.nh, nkv = a.nkv, hd = a.hd, group = nh / nkv;
+  ThreadPool& pool = ThreadPool::global();
+  // Each KV head's keys [keys][hd] and values transposed [hd][keys] in bf16: the GEMMs' weights.
+  thread_local Scratch kv_buf;
+  uint16_t* kb = static_cast<uint16_t*>(kv_buf.bytes(size_t(2 * nkv * keys * hd) * 2));
+  uint16_t* vt = kb + nkv * keys * hd;
+  constexpr int64_t kKeyBlock = 256;
+  const int64_t key_blocks = ceil_div(keys, kKeyBlock);
+  pool.parallel_for(nkv * key_blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t g = task / key_blocks, j0 = task % key_blocks * kKeyBlock, j1 = std::min(keys, j0 + kKeyBlock);
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* k = a.k + (j * nkv + g) * hd;
+        const float* v = a.v + (j * nkv + g) * hd;
+        uint16_t* kr = kb + (g * keys + j) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          kr[d] = f32_to_bf16(k[d]);
+          vt[(g * hd + d) * keys + j] = f32_to_bf16(v[d]);
+        }
+      }
+    }
+  });
+  const KernelTable& K = kernels();
+  const int64_t blocks = ceil_div(a.n, kQueries);
+  pool.parallel_for(nh * blocks, 1, [&](int64_t b, int64_t e) {
+    thread_local Scratch s_buf, xp_buf, gemm_buf;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t h = task % nh, t0 = task / nh * kQueries, n = std::min(kQueries, a.n - t0), g = h / group;
+      float* s = s_buf.floats(size_t(kQueries * keys + kQueries));
+      void* scratch = gemm_buf.bytes(std::max(G->scratch_bytes(kQueries, hd), G->scratch_bytes(kQueries, keys)));
+      const size_t row = size_t((t0 * nh + h) * hd);
+      const MatArgs qk{a.q + row, nh * hd, n, hd, keys, kb + g * keys * hd, WType::BF16, size_t(hd) * 2, s, keys};
+      uint16_t* xp = static_cast<uint16_t*>(xp_buf.bytes(std::max(G->xp_bytes(kQueries, hd), G->xp_bytes(kQueries, keys))));
+      G->pack_x(qk, xp, 0, ceil_div(n, G->tile_tokens));
+      G->gemm(qk, xp, 0, keys, scratch);
+      // P's numerators go to bf16 and the sums divide the products after, as torch's CPU flash
+      // attention does on bf16 tensors.
+      float* inv = s_buf.floats(size_t(kQueries * keys + kQueries)) + kQueries * keys;
+      for (int64_t i = 0; i < n; ++i) inv[i] = 1.f / K.exp_sum_row(s + i * keys, keys, a.scale);
+      const MatArgs pv{s, keys, n, keys, hd, vt + g * hd * keys, WType::BF16, size_t(keys) * 2, a.out + row, nh * hd};
+      G->pack_x(pv, xp, 0, ceil_div(n, G->tile_tokens));
+      G->gemm(pv, xp, 0, hd, scratch);
+      for (int64_t i = 0; i < n; ++i)
+        for (float *o = a.out + row + i * nh * hd, *e = o + hd; o < e; ++o) *o *= inv[i];
+    }
+  });
+  return true;
+}
 
 void attention(const AttnArgs* seqs, int64_t n_seqs) {
   const KernelTable& K = kernels();

@@ -87,6 +87,12 @@ bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 // Several sequences' attention (each with its own queries, KV and positions) in one parallel region.
 void attention(const AttnArgs* seqs, int64_t n_seqs);
+// attention() of a sequence whose every query sees the same keys 0..last (an image in a vision
+// tower: 64+ queries, 256+ keys; no window, soft-cap, pages, ring or key split) on the rounded bf16
+// products, as torch's SDPA computes it on bf16 tensors: S = bf16(q)·bf16(k)ᵀ a block of queries
+// at a time, E = exp(scale (S - max)) in f32, out = bf16(E)·bf16(v) / ΣE. False, with nothing
+// done, where the case or the CPU (rounded_bf16_matmul_kernel) does not allow it.
+bool attention_whole_rounded(const AttnArgs& a);
 void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n);
 // x = cap * tanh(x / cap)
 void softcap(float* x, int64_t n, float cap);
