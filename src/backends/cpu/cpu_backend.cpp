@@ -73,32 +73,43 @@ void norm_row(const float* x, int64_t d, const float* w, float eps, bool add_one
 // make every norm of a batch step wait on those rows in turn while other cores idle.
 int64_t row_grain(int64_t n, int64_t grain) { return n <= ThreadPool::global().size() ? 1 : grain; }
 
-// cos/sin of the angles of n positions ([n, half] each), and rotation of head vectors by one
-// position's row of them.
+// cos/sin of the angles of n positions' distinct values ([values, half] each), and rotation of head
+// vectors by one position's row of them. Distinct values, not positions: a vision tower's 2D RoPE
+// rotates 60,480 half-heads of an image by ~100 distinct patch coordinates.
 struct RopeTable {
   std::vector<float> inv_freq;
   std::vector<int32_t> pos;
+  std::vector<int32_t> row;  // row[t]: pos[t]'s row of cs and sn
   std::vector<float> cs, sn;
   std::vector<std::pair<int64_t, int64_t>> runs;  // [begin, end) of the nonzero frequencies
   int64_t half = 0;
 
   RopeTable(const int32_t* p, int64_t n, const float* f, int64_t h)
-      : inv_freq(f, f + h), pos(p, p + n), cs(size_t(n * h)), sn(size_t(n * h)), half(h) {
+      : inv_freq(f, f + h), pos(p, p + n), row(size_t(n)), half(h) {
     for (int64_t j = 0; j < h; ++j)
       if (f[j] != 0.f) {
         if (runs.empty() || runs.back().second != j) runs.push_back({j, j});
         runs.back().second = j + 1;
       }
-    ThreadPool::global().parallel_for(n, 16, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
+    std::vector<int32_t> values(pos);
+    std::sort(values.begin(), values.end());
+    values.erase(std::unique(values.begin(), values.end()), values.end());
+    for (int64_t t = 0; t < n; ++t)
+      row[size_t(t)] = int32_t(std::lower_bound(values.begin(), values.end(), p[t]) - values.begin());
+    const int64_t nv = int64_t(values.size());
+    cs.resize(size_t(nv * h));
+    sn.resize(size_t(nv * h));
+    ThreadPool::global().parallel_for(nv, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
         for (int64_t j = 0; j < h; ++j) {
           // Angles in f32 exactly as transformers forms them: float(pos) * inv_freq.
-          const float a = float(p[t]) * f[j];
-          cs[size_t(t * h + j)] = std::cos(a);
-          sn[size_t(t * h + j)] = std::sin(a);
+          const float a = float(values[size_t(i)]) * f[j];
+          cs[size_t(i * h + j)] = std::cos(a);
+          sn[size_t(i * h + j)] = std::sin(a);
         }
     });
   }
+  int64_t angles() const { return int64_t(cs.size()); }
   bool same(const int32_t* p, int64_t n, const float* f, int64_t h) const {
     return h == half && int64_t(pos.size()) == n && std::equal(pos.begin(), pos.end(), p) &&
            std::equal(inv_freq.begin(), inv_freq.end(), f);
@@ -106,8 +117,8 @@ struct RopeTable {
   // Pairs with a zero frequency are left as they are (partial rotary: the unrotated tail), so
   // the rotation runs over the runs of nonzero ones, each a loop without a branch.
   void rotate(float* v, int64_t t) const {
-    const float* ct = cs.data() + t * half;
-    const float* st = sn.data() + t * half;
+    const float* ct = cs.data() + row[size_t(t)] * half;
+    const float* st = sn.data() + row[size_t(t)] * half;
     for (const auto& [b, e] : runs) {
 #pragma GCC ivdep
       for (int64_t j = b; j < e; ++j) {
@@ -135,7 +146,7 @@ class RopeTables {
     auto t = std::make_shared<const RopeTable>(pos, n, inv_freq, half);
     // A long prompt's table is computed for its call alone (a 32k-token prompt at 256 angles a
     // position would keep 64 MB).
-    if (n * half <= kMaxKeptAngles) {
+    if (t->angles() <= kMaxKeptAngles && n <= kMaxKeptPositions) {
       std::lock_guard<std::mutex> lock(mu_);
       tables_.insert(tables_.begin(), t);
       if (tables_.size() > kKeep) tables_.pop_back();
@@ -146,6 +157,7 @@ class RopeTables {
  private:
   static constexpr size_t kKeep = 4;
   static constexpr int64_t kMaxKeptAngles = int64_t(1) << 18;
+  static constexpr int64_t kMaxKeptPositions = int64_t(1) << 17;
   std::mutex mu_;
   std::vector<std::shared_ptr<const RopeTable>> tables_;  // most recent first
 };
