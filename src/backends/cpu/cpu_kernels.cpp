@@ -502,7 +502,7 @@ bool attention_whole_rounded(const AttnArgs& a) {
       G->gemm(qk, xp, 0, keys, scratch);
       // P's numerators go to bf16 and the sums divide the products after, as torch's CPU flash
       // attention does on bf16 tensors.
-      float* inv = s_buf.floats(size_t(kQueries * keys + kQueries)) + kQueries * keys;
+      float* inv = s + kQueries * keys;
       for (int64_t i = 0; i < n; ++i) inv[i] = 1.f / K.exp_sum_row(s + i * keys, keys, a.scale);
       const MatArgs pv{s, keys, n, keys, hd, vt + g * hd * keys, WType::BF16, size_t(keys) * 2, a.out + row, nh * hd};
       G->pack_x(pv, xp, 0, ceil_div(n, G->tile_tokens));
