@@ -556,6 +556,26 @@ TEST(RoundedBf16Matmul, WholeImageAttentionIsSdpaOnBf16) {
   if (mb::cpu::kernels_for(Isa::Avx2)) EXPECT_FALSE(mb::cpu::attention_whole_rounded(a)) << "no rounded kernel on AVX2";
 }
 
+// clamp_into is clamp on a copy, and leaves its input as it was.
+TEST(KernelElementwise, ClampIntoIsClampOfACopy) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(26);
+  for (int64_t n : {1, 17, 100000}) {
+    mb::Tensor x = mb::host_tensor(DType::F32, {n}), out = mb::host_tensor(DType::F32, {n}),
+               want = mb::host_tensor(DType::F32, {n});
+    auto v = randn(size_t(n), rng, 3.f);
+    if (n > 3) v[1] = std::numeric_limits<float>::infinity(), v[2] = -v[1], v[3] = std::nanf("");
+    std::memcpy(x.data, v.data(), size_t(n) * 4);
+    be->clamp_into(x, -1.5f, 2.f, out);
+    std::memcpy(want.data, v.data(), size_t(n) * 4);
+    be->clamp(want, -1.5f, 2.f);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(same_bits(out.f32()[i], want.f32()[i]) || (std::isnan(out.f32()[i]) && std::isnan(want.f32()[i])));
+      ASSERT_TRUE(same_bits(x.f32()[i], v[size_t(i)]) || std::isnan(v[size_t(i)]));
+    }
+  }
+}
+
 TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
   std::mt19937 rng(3);
   const mb::cpu::KernelTable& S = *mb::cpu::kernels_for(Isa::Scalar);

@@ -274,6 +274,11 @@ class Backend {
   virtual void softcap(Tensor& x, float cap) = 0;
   // x = min(max(x, lo), hi) (the vision and audio towers' clipped linears).
   virtual void clamp(Tensor& x, float lo, float hi) = 0;
+  // out = min(max(x, lo), hi), x kept (a clipped linear's input, which other linears read too).
+  virtual void clamp_into(const Tensor& x, float lo, float hi, Tensor& out) {
+    copy(x, out);
+    clamp(out, lo, hi);
+  }
   // x = x · sigmoid(x) (SiLU), in place.
   virtual void silu(Tensor& x) = 0;
   // torch's LayerNorm over each row of x [rows, width]: y = (x - mean) / sqrt(var + eps) · w (+ b when

@@ -172,6 +172,9 @@ void ProfilingBackend::softcap(Tensor& x, float cap) {
 void ProfilingBackend::clamp(Tensor& x, float lo, float hi) {
   timed("clamp", [&] { in_.clamp(x, lo, hi); });
 }
+void ProfilingBackend::clamp_into(const Tensor& x, float lo, float hi, Tensor& out) {
+  timed("clamp_into", [&] { in_.clamp_into(x, lo, hi, out); });
+}
 void ProfilingBackend::silu(Tensor& x) {
   timed("silu", [&] { in_.silu(x); });
 }

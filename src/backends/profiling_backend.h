@@ -81,6 +81,7 @@ class ProfilingBackend : public Backend {
   void scale(Tensor& x, float s) override;
   void softcap(Tensor& x, float cap) override;
   void clamp(Tensor& x, float lo, float hi) override;
+  void clamp_into(const Tensor& x, float lo, float hi, Tensor& out) override;
   void silu(Tensor& x) override;
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor* b, float eps, bool relu, Tensor& y) override;
   void im2col(const Tensor& x, const uint8_t* row_valid, const Im2col& c, int64_t row0, Tensor& cols) override;

@@ -20,8 +20,7 @@ bool ClippedLinear::clips_output() const { return std::isfinite(out_lo) || std::
 void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
   if (l.clips_input()) {
     Tensor xc = be.scratch(DType::F32, x.shape);
-    be.copy(x, xc);
-    be.clamp(xc, l.in_lo, l.in_hi);
+    be.clamp_into(x, l.in_lo, l.in_hi, xc);
     be.matmul(xc, l.w, y);
   } else {
     be.matmul(x, l.w, y);

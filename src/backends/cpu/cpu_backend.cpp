@@ -366,6 +366,17 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void clamp_into(const Tensor& x, float lo, float hi, Tensor& out) override {
+    check_f32(x, "clamp_into", "x");
+    check_f32(out, "clamp_into", "out");
+    MB_CHECK(out.numel() == x.numel(), "clamp_into: x {} into out {}", x.shape_str(), out.shape_str());
+    const float* src = x.f32();
+    float* dst = out.f32();
+    for_elements(x.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = std::min(std::max(src[i], lo), hi);
+    });
+  }
+
   void silu(Tensor& x) override {
     check_f32(x, "silu", "x");
     float* p = x.f32();
