@@ -556,6 +556,25 @@ TEST(RoundedBf16Matmul, WholeImageAttentionIsSdpaOnBf16) {
   if (mb::cpu::kernels_for(Isa::Avx2)) EXPECT_FALSE(mb::cpu::attention_whole_rounded(a)) << "no rounded kernel on AVX2";
 }
 
+// add and mul with b broadcast over a's rows (b's length divides a's), on chunks that split rows.
+TEST(KernelElementwise, BroadcastAddAndMulRepeatB) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(27);
+  for (auto [n, bn] : {std::pair<int64_t, int64_t>{12, 12}, {12, 1}, {300000, 1000}, {300000, 3}, {196608, 65536}}) {
+    mb::Tensor a = mb::host_tensor(DType::F32, {n / bn, bn}), b = mb::host_tensor(DType::F32, {bn}),
+               sum = mb::host_tensor(DType::F32, {n / bn, bn}), prod = mb::host_tensor(DType::F32, {n / bn, bn});
+    auto va = randn(size_t(n), rng), vb = randn(size_t(bn), rng);
+    std::memcpy(a.data, va.data(), size_t(n) * 4);
+    std::memcpy(b.data, vb.data(), size_t(bn) * 4);
+    be->add(a, b, sum);
+    be->mul(a, b, prod);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sum.f32()[i], va[size_t(i)] + vb[size_t(i % bn)]) << n << " " << bn << " at " << i;
+      ASSERT_EQ(prod.f32()[i], va[size_t(i)] * vb[size_t(i % bn)]) << n << " " << bn << " at " << i;
+    }
+  }
+}
+
 // clamp_into is clamp on a copy, and leaves its input as it was.
 TEST(KernelElementwise, ClampIntoIsClampOfACopy) {
   auto be = mb::make_cpu_backend();

@@ -651,17 +651,29 @@ class CpuBackend final : public Backend {
   }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    const int64_t n = a.numel(), bn = add_operand(a, b, out);
-    for_elements(n, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) out.f32()[i] = a.f32()[i] + b.f32()[i % bn];
-    });
+    const int64_t bn = add_operand(a, b, out);
+    broadcast(a, b.f32(), bn, out, [](float x, float y) { return x + y; });
   }
 
   void mul(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t n = a.numel(), bn = b.numel();
     MB_CHECK(out.numel() == n && bn > 0 && n % bn == 0, "mul: sizes {} and {} do not broadcast", a.shape_str(),
              b.shape_str());
-    for (int64_t i = 0; i < n; ++i) out.f32()[i] = a.f32()[i] * b.f32()[i % bn];
+    broadcast(a, b.f32(), bn, out, [](float x, float y) { return x * y; });
+  }
+
+  // out[i] = op(a[i], b[i % bn]) over the threads, a run of b at a time (no division per element:
+  // an audio tower's adds of 3 MB rows spent most of their time in it).
+  template <class Op> static void broadcast(const Tensor& a, const float* b, int64_t bn, Tensor& out, Op op) {
+    const float* x = a.f32();
+    float* y = out.f32();
+    for_elements(a.numel(), [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e;) {
+        const int64_t j = i % bn, run = std::min(e - i, bn - j);
+        for (int64_t r = 0; r < run; ++r) y[i + r] = op(x[i + r], b[j + r]);
+        i += run;
+      }
+    });
   }
 
   void scale(Tensor& x, float s) override {
