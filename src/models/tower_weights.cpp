@@ -14,6 +14,8 @@ Tensor backend_values(Backend& be, std::span<const float> values, std::vector<in
   return t;
 }
 
+bool rounded_products(const Checkpoint& ck, const Tensor& w) { return !ck.exact_media && w.dtype == DType::BF16; }
+
 bool ClippedLinear::clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
 bool ClippedLinear::clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
 
@@ -34,7 +36,8 @@ Tensor TowerWeights::matrix(const std::string& name, std::vector<int64_t> shape)
            dtype_name(src.dtype), be_.name());
   if (src.rank() > 2) src = src.reshaped({src.dim(0), src.numel() / src.dim(0)});
   return be_.prepare_weight(src, src.dtype,
-                            ck_.exact_media ? Backend::WeightUse::Matmul : Backend::WeightUse::MatmulRoundedInputs);
+                            rounded_products(ck_, src) ? Backend::WeightUse::MatmulRoundedInputs
+                                                       : Backend::WeightUse::Matmul);
 }
 
 Tensor TowerWeights::vec(const std::string& name, int64_t n) const {

@@ -26,12 +26,17 @@ void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor
 // Values computed on the host (a derived table, a reshaped weight) as an f32 tensor of `be`.
 Tensor backend_values(Backend& be, std::span<const float> values, std::vector<int64_t> shape);
 
+// Whether a tower's matrix w takes its products on activations rounded to bf16
+// (Backend::WeightUse::MatmulRoundedInputs): bf16 weights, unless Checkpoint::exact_media. A tower's
+// attention follows its matrices (AttentionParams::rounded_inputs).
+bool rounded_products(const Checkpoint& ck, const Tensor& w);
+
 // Errors name the tensor and the backend.
 class TowerWeights {
  public:
   TowerWeights(const Checkpoint& ck, Backend& be) : ck_(ck), be_(be) {}
   // A matrix in the checkpoint's dtype, prepared for the backend's matmuls (a conv kernel of rank
-  // > 2 as its im2col rows [out, in · kernel]), on rounded inputs unless Checkpoint::exact_media.
+  // > 2 as its im2col rows [out, in · kernel]), on rounded inputs where rounded_products says.
   Tensor matrix(const std::string& name, std::vector<int64_t> shape) const;
   Tensor vec(const std::string& name, int64_t n) const;  // f32, for norms
   std::vector<float> host_values(const std::string& name, std::vector<int64_t> shape) const;  // f32 on the host

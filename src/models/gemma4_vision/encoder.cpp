@@ -215,8 +215,7 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
   }
   AttentionParams ap;  // scale 1: the q/k norms set the logits' size
   ap.scale = 1.f;
-  // As the tower's matrices (TowerWeights::matrix): bf16 weights take rounded products.
-  ap.rounded_inputs = !ck_->exact_media && !w_->layers.empty() && w_->layers[0].q.w.dtype == DType::BF16;
+  ap.rounded_inputs = !w_->layers.empty() && rounded_products(*ck_, w_->layers[0].q.w);
 
   for (const Weights::Layer& L : w_->layers) {
     Tensor a = be_.scratch(DType::F32, {n, D});
