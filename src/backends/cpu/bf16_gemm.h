@@ -51,10 +51,32 @@ struct Bf16GemmKernels {
   void (*gemm)(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch);
 };
 
+// One head's attention over all of a sequence's keys on AMX tiles, as cpu::attention_whole_rounded
+// computes it (scores of bf16 queries and keys in f32, numerators exp(scale (s - max)) rounded to
+// bf16 times bf16 values, divided by their f32 sum), for `queries` queries a call. Why not two
+// calls of the GEMM kernels: here the scores come out as [query][key] rows and the rounded
+// numerators are the next product's A operand where they lie, where the GEMMs' layout (weights as
+// A, tokens as B) transposes each score tile and packs the probabilities again (~30% of the time).
+struct RoundedAttentionKernels {
+  int64_t queries;
+  // Bytes of one KV head's packed keys and values.
+  size_t (*kv_bytes)(int64_t keys, int64_t hd);
+  // Keys and values [32 b0, 32 b1) of one KV head (row j at k + j * ld, v + j * ld) into kv
+  // (kv_bytes, 64-byte aligned); b1 up to ceil(keys / 32).
+  void (*pack_kv)(const float* k, const float* v, int64_t ld, int64_t keys, int64_t hd, int64_t b0, int64_t b1,
+                  uint16_t* kv);
+  // Bytes of 64-byte aligned scratch a block call needs.
+  size_t (*scratch_bytes)(int64_t keys, int64_t hd);
+  // out[i] (ldo floats apart) for the n <= queries query rows q[i] (ldq apart) of one head.
+  void (*block)(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t hd, float scale, const uint16_t* kv,
+                float* out, int64_t ldo, void* scratch);
+};
+
 // The kernels, or null when the compiler could not build them (their files without the ISA's
 // flags). They do not check the CPU: cpu_kernels.cpp does.
 const Bf16GemmKernels* amx_bf16_kernels();
 const Bf16GemmKernels* amx_bf16_rounded_kernels();
 const Bf16GemmKernels* avx512_bf16_rounded_kernels();
+const RoundedAttentionKernels* amx_rounded_attention_kernels();
 
 }  // namespace mb::cpu

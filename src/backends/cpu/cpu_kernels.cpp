@@ -467,6 +467,34 @@ bool attention_whole_rounded(const AttnArgs& a) {
     if (attn_last_key(a, t) != last) return false;
   const int64_t nh = a.nh, nkv = a.nkv, hd = a.hd, group = nh / nkv;
   ThreadPool& pool = ThreadPool::global();
+  if (const RoundedAttentionKernels* R = G == amx_bf16_rounded_kernels() ? amx_rounded_attention_kernels() : nullptr) {
+    thread_local Scratch kv_buf;
+    const size_t head_bytes = R->kv_bytes(keys, hd);
+    uint8_t* kv = static_cast<uint8_t*>(kv_buf.bytes(head_bytes * size_t(nkv)));
+    constexpr int64_t kPackBlocks = 8;  // 256 keys a task
+    const int64_t key_blocks = ceil_div(keys, 32), pack_tasks = ceil_div(key_blocks, kPackBlocks);
+    pool.parallel_for(nkv * pack_tasks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t g = task / pack_tasks, b0 = task % pack_tasks * kPackBlocks;
+        R->pack_kv(a.k + g * hd, a.v + g * hd, nkv * hd, keys, hd, b0, std::min(key_blocks, b0 + kPackBlocks),
+                   reinterpret_cast<uint16_t*>(kv + size_t(g) * head_bytes));
+      }
+    });
+    // Head-major: neighbouring tasks share a head's packed keys and values in cache.
+    const int64_t blocks = ceil_div(a.n, R->queries);
+    pool.parallel_for(nh * blocks, 1, [&](int64_t b, int64_t e) {
+      thread_local Scratch buf;
+      void* scratch = buf.bytes(R->scratch_bytes(keys, hd));
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t h = task / blocks, t0 = task % blocks * R->queries;
+        const size_t row = size_t((t0 * nh + h) * hd);
+        R->block(a.q + row, nh * hd, std::min(R->queries, a.n - t0), keys, hd, a.scale,
+                 reinterpret_cast<const uint16_t*>(kv + size_t(h / group) * head_bytes), a.out + row, nh * hd,
+                 scratch);
+      }
+    });
+    return true;
+  }
   // Each KV head's keys [keys][hd] and values transposed [hd][keys] in bf16: the GEMMs' weights.
   thread_local Scratch kv_buf;
   uint16_t* kb = static_cast<uint16_t*>(kv_buf.bytes(size_t(2 * nkv * keys * hd) * 2));

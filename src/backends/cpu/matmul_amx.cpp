@@ -286,6 +286,186 @@ template <int P> void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, i
 
 int64_t k_task_rows(int64_t k) { return walk(k).rows; }
 
+// ---------------------------------------------------------------- whole attention, rounded
+// bf16_gemm.h's RoundedAttentionKernels. Here the queries are the A operand (row-major bf16, as
+// A tiles read them), so score tiles land in S as [query][key] rows with no transpose, and the
+// probabilities, rounded to bf16 in place over their scores' rows, are the A operand of P·V as
+// they lie. A KV head's keys are packed once as B tiles of 16 keys (k = head dims), its values as
+// B tiles of 16 head dims (k = keys). Head dims pad to 32 and keys to 32 with zeros.
+
+constexpr int64_t kAttnQueries = 32;  // queries a block call takes: two A tiles
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline __mmask16 lanes16(int64_t n) { return n <= 0 ? __mmask16(0) : low_bits16(n); }
+
+// 32 floats from p (fewer, zeros after, where `valid` < 32) as bf16 (nearest even) in order.
+inline __m512i bf16x32(const float* p, int64_t valid) {
+  const __m512 lo = _mm512_maskz_loadu_ps(lanes16(valid), p);
+  const __m512 hi = _mm512_maskz_loadu_ps(lanes16(valid - 16), p + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+size_t k_attn_kv_bytes(int64_t keys, int64_t hd) { return size_t(2 * round_up(keys, 32) * round_up(hd, 32)) * 2; }
+
+size_t k_attn_scratch_bytes(int64_t keys, int64_t hd) {
+  return size_t(kAttnQueries * round_up(keys, 32)) * 4 + size_t(kAttnQueries * round_up(hd, 32)) * 2 + 4 * 256 * 4;
+}
+
+// Keys [32 b0, 32 b1) of one KV head (rows `ld` floats apart, `keys` of them) into kv: key tile t,
+// dim block kb at kv + (t * nkb + kb) * 512, row p = dims (2p, 2p + 1) of its 16 keys; value dim
+// tile dt, key block b at vp + (dt * nvb + b) * 512, row p = keys (2p, 2p + 1) of its 16 dims.
+void k_attn_pack_kv(const float* k, const float* v, int64_t ld, int64_t keys, int64_t hd, int64_t b0, int64_t b1,
+                    uint16_t* kv) {
+  const int64_t hd32 = round_up(hd, 32), nkb = hd32 / kKBlock, keys32 = round_up(keys, 32), nvb = keys32 / 32;
+  uint16_t* vp = kv + keys32 * hd32;
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t t = 2 * b; t < 2 * b + 2; ++t)
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        __m512i r[kTile];
+        for (int i = 0; i < kTile; ++i) {
+          const int64_t key = t * kTile + i;
+          r[i] = key < keys ? bf16x32(k + key * ld + kb * kKBlock, hd - kb * kKBlock) : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        for (int p = 0; p < kTile; ++p) _mm512_store_si512(kv + (t * nkb + kb) * kTileElems + p * 32, r[p]);
+      }
+    for (int64_t dt = 0; dt < hd32 / kTile; ++dt) {
+      const __mmask16 dims = lanes16(hd - dt * kTile);
+      for (int p = 0; p < kTile; ++p) {
+        const int64_t key = 32 * b + 2 * p;
+        const __m512 v0 = key < keys ? _mm512_maskz_loadu_ps(dims, v + key * ld + dt * kTile) : _mm512_setzero_ps();
+        const __m512 v1 =
+            key + 1 < keys ? _mm512_maskz_loadu_ps(dims, v + (key + 1) * ld + dt * kTile) : _mm512_setzero_ps();
+        const __m512i e0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v0));
+        const __m512i e1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v1));
+        _mm512_store_si512(vp + (dt * nvb + b) * kTileElems + p * 32, _mm512_or_si512(e0, _mm512_slli_epi32(e1, 16)));
+      }
+    }
+  }
+}
+
+// 2^t for t <= ~0 (scores less their row's maximum): t = n + f, |f| <= 1/2, a degree-5 fit of 2^f
+// (relative error 1.5e-7), scaled by 2^n; below -150 it is 0. Not the table's exp: the result
+// is rounded to bf16 (2^-9) next, and this is the softmax's dominant cost.
+inline __m512 exp2_nonpositive(__m512 t) {
+  t = _mm512_max_ps(t, _mm512_set1_ps(-150.f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.3266970636e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6754599362e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507425219e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022121727e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694405e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Row i of S (keys32 floats) becomes its probabilities' numerators e = exp(scale (s - max)) as
+// bf16, written over the row's first half (each store lands on scores already read), zeros past
+// `keys`; returns 1 / Σ e over the f32 e.
+float softmax_row_to_bf16(float* row, int64_t keys, int64_t keys32, float scale) {
+  const int64_t full = keys / kTile * kTile;
+  __m512 mx = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t j = 0; j < full; j += kTile) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + j));
+  if (full < keys) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, lanes16(keys - full), row + full));
+  const float c = scale * 1.44269504088896341f;
+  const __m512 vc = _mm512_set1_ps(c), off = _mm512_set1_ps(_mm512_reduce_max_ps(mx) * c);
+  __m512 sum = _mm512_setzero_ps();
+  uint16_t* p = reinterpret_cast<uint16_t*>(row);
+  int64_t j = 0;
+  for (; j < full; j += kTile) {
+    const __m512 e = exp2_nonpositive(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), vc, off));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  for (; j < keys32; j += kTile) {
+    const __mmask16 m = lanes16(keys - j);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp2_nonpositive(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, row + j), vc, off)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  return 1.f / _mm512_reduce_add_ps(sum);
+}
+
+void k_attn_block(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t hd, float scale, const uint16_t* kv,
+                  float* out, int64_t ldo, void* scratch) {
+  const int64_t hd32 = round_up(hd, 32), nkb = hd32 / kKBlock, keys32 = round_up(keys, 32);
+  const int64_t nkt = keys32 / kTile, nvb = keys32 / 32, ndt = hd32 / kTile;
+  const uint16_t *kp = kv, *vp = kv + keys32 * hd32;
+  float* s = static_cast<float*>(scratch);  // [32][keys32]: scores, then bf16 numerators over them
+  uint16_t* qp = reinterpret_cast<uint16_t*>(s + kAttnQueries * keys32);  // [32][hd32]
+  float* c = reinterpret_cast<float*>(qp + kAttnQueries * hd32);          // four C tiles
+  for (int64_t i = 0; i < kAttnQueries; ++i)
+    for (int64_t kb = 0; kb < nkb; ++kb)
+      _mm512_store_si512(qp + i * hd32 + kb * kKBlock,
+                         i < n ? bf16x32(q + i * ldq + kb * kKBlock, hd - kb * kKBlock) : _mm512_setzero_si512());
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = kTile;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  // S = Q·Kᵀ: C tiles (query tile, key tile) 0 (0, t), 1 (0, t + 1), 2 (1, t), 3 (1, t + 1).
+  const size_t s_bytes = size_t(keys32) * 4, q_bytes = size_t(hd32) * 2;
+  for (int64_t t = 0; t < nkt; t += 2) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      _tile_loadd(4, qp + kb * kKBlock, q_bytes);
+      _tile_loadd(5, qp + kTile * hd32 + kb * kKBlock, q_bytes);
+      _tile_loadd(6, kp + (t * nkb + kb) * kTileElems, 64);
+      _tile_loadd(7, kp + ((t + 1) * nkb + kb) * kTileElems, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + t * kTile, s_bytes);
+    _tile_stored(1, s + (t + 1) * kTile, s_bytes);
+    _tile_stored(2, s + kTile * keys32 + t * kTile, s_bytes);
+    _tile_stored(3, s + kTile * keys32 + (t + 1) * kTile, s_bytes);
+  }
+  // Rows past n hold zero scores from zero queries: their bf16 view is zeros, and their outputs
+  // are not stored.
+  float inv[kAttnQueries];
+  for (int64_t i = 0; i < n; ++i) inv[i] = softmax_row_to_bf16(s + i * keys32, keys, keys32, scale);
+  // O = P·V: C tiles (query tile, dim tile) 0 (0, d), 1 (0, d + 1), 2 (1, d), 3 (1, d + 1).
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(s);
+  for (int64_t d = 0; d < ndt; d += 2) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = 0; b < nvb; ++b) {
+      _tile_loadd(4, p + b * 32, s_bytes);
+      _tile_loadd(5, p + 2 * kTile * keys32 + b * 32, s_bytes);
+      _tile_loadd(6, vp + (d * nvb + b) * kTileElems, 64);
+      _tile_loadd(7, vp + ((d + 1) * nvb + b) * kTileElems, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);  // tile numbers are immediates
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t u = 0; u < 2; ++u) {
+        const int64_t d0 = (d + u) * kTile;
+        const __m512 o = _mm512_mul_ps(_mm512_load_ps(c + ((i / kTile) * 2 + u) * 256 + (i % kTile) * kTile),
+                                       _mm512_set1_ps(inv[i]));
+        _mm512_mask_storeu_ps(out + i * ldo + d0, lanes16(hd - d0), o);
+      }
+  }
+  _tile_release();
+}
+
+const RoundedAttentionKernels kRoundedAttention = {kAttnQueries, k_attn_kv_bytes, k_attn_pack_kv,
+                                                   k_attn_scratch_bytes, k_attn_block};
+
 const Bf16GemmKernels kExact = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<3>,
                                 k_scratch_bytes, k_pack_x<3>, k_gemm<3>};
 const Bf16GemmKernels kRounded = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<1>,
@@ -295,6 +475,7 @@ const Bf16GemmKernels kRounded = {kTile,           2 * kTile,     k_task_rows, k
 
 const Bf16GemmKernels* amx_bf16_kernels() { return &kExact; }
 const Bf16GemmKernels* amx_bf16_rounded_kernels() { return &kRounded; }
+const RoundedAttentionKernels* amx_rounded_attention_kernels() { return &kRoundedAttention; }
 
 }  // namespace mb::cpu
 
@@ -303,6 +484,7 @@ const Bf16GemmKernels* amx_bf16_rounded_kernels() { return &kRounded; }
 namespace mb::cpu {
 const Bf16GemmKernels* amx_bf16_kernels() { return nullptr; }
 const Bf16GemmKernels* amx_bf16_rounded_kernels() { return nullptr; }
+const RoundedAttentionKernels* amx_rounded_attention_kernels() { return nullptr; }
 }  // namespace mb::cpu
 
 #endif
