@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -482,6 +483,53 @@ TEST(RoundedBf16Matmul, WeightsPreparedForRoundedInputsTakeThem) {
     mb::Tensor y2 = mb::host_tensor(DType::F32, {c.n, c.m});
     be->matmuls(xt, {&wt, &wt}, {&y, &y2});
     for (int64_t i = 0; i < c.n * c.m; ++i) ASSERT_TRUE(same_bits(y2.f32()[i], want[size_t(i)]));
+  }
+}
+
+// matmul_clipped is the clamps around a matmul, bit for bit, whichever kernel runs it: the AMX
+// ones clamp as they pack x and store y, the others in passes of their own. NaNs stay NaN, ±inf
+// bounds leave values alone, x is kept.
+TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(26);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  using Use = mb::Backend::WeightUse;
+  std::vector<std::pair<std::string, bool>> settings{{"default", true}};
+  for (const auto& k : rounded_kernels()) settings.push_back(k);
+  for (const auto& [name, amx] : settings) {
+    std::optional<RoundedScope> scope;
+    if (name != "default") scope.emplace(amx);
+    for (const mb::Backend::Clip clip : {mb::Backend::Clip{-0.5f, 0.75f, -1.f, 1.25f}, mb::Backend::Clip{-kInf, 0.5f, 0.f, kInf},
+                                         mb::Backend::Clip{-kInf, kInf, -0.25f, 0.25f}})
+      for (int64_t n : {3, 40})
+        for (DType dt : {DType::BF16, DType::F32})
+          for (Use use : {Use::Matmul, Use::MatmulRoundedInputs}) {
+            if (dt == DType::F32 && use == Use::MatmulRoundedInputs) continue;
+            const int64_t k = 70, m = 37;
+            auto x = randn(size_t(n * k), rng);
+            x[5] = std::numeric_limits<float>::quiet_NaN();
+            auto w = make_weights(dt, size_t(m * k), rng);
+            mb::Tensor src;
+            src.dtype = dt;
+            src.shape = {m, k};
+            src.data = w.bytes.data();
+            const mb::Tensor wt = be->prepare_weight(src, dt, use);
+            mb::Tensor xt = mb::host_tensor(DType::F32, {n, k});
+            std::memcpy(xt.data, x.data(), x.size() * 4);
+            mb::Tensor got = mb::host_tensor(DType::F32, {n, m}), want = mb::host_tensor(DType::F32, {n, m});
+            be->matmul_clipped(xt, wt, clip, got);
+            be->Backend::matmul_clipped(xt, wt, clip, want);
+            for (int64_t i = 0; i < n * k; ++i) ASSERT_TRUE(same_bits(xt.f32()[i], x[size_t(i)])) << "x changed";
+            int64_t nans = 0;
+            for (int64_t i = 0; i < n * m; ++i) {
+              ASSERT_TRUE(same_bits(got.f32()[i], want.f32()[i]))
+                  << name << " n=" << n << " " << mb::dtype_name(dt) << " use " << int(use) << " at " << i << ": "
+                  << got.f32()[i] << " vs " << want.f32()[i];
+              nans += std::isnan(got.f32()[i]);
+              if (!std::isnan(got.f32()[i])) ASSERT_TRUE(got.f32()[i] >= clip.out_lo && got.f32()[i] <= clip.out_hi);
+            }
+            EXPECT_EQ(nans, m) << "x's NaN reaches its token's outputs";
+          }
   }
 }
 

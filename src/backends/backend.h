@@ -115,6 +115,15 @@ class Backend {
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // Bounds on a matmul's input and output; ±inf where there are none.
+  struct Clip {
+    float in_lo, in_hi, out_lo, out_hi;
+    bool clips_input() const;
+    bool clips_output() const;
+  };
+  // y = clamp(clamp(x, in) · wᵀ, out), x kept (the media towers' clipped linears), which a backend
+  // may clamp as its matmul reads x and writes y instead of in passes of their own.
+  virtual void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y);
   // ys[i] = x · ws[i]ᵀ: several weights applied to one input (Q/K/V, gate/up), which a backend may
   // run as one pass.
   virtual void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {

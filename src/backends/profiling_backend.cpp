@@ -94,6 +94,11 @@ void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, Tensor& y) {
   timed(Key{"matmul", w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()), [&] { in_.matmul(x, w, y); });
 }
 
+void ProfilingBackend::matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y) {
+  timed(Key{"matmul_clipped", w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()),
+        [&] { in_.matmul_clipped(x, w, clip, y); });
+}
+
 void ProfilingBackend::matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {
   if (ws.empty()) return in_.matmuls(x, ws, ys);
   double bytes = 0;

@@ -16,18 +16,9 @@ Tensor backend_values(Backend& be, std::span<const float> values, std::vector<in
 
 bool rounded_products(const Checkpoint& ck, const Tensor& w) { return !ck.exact_media && w.dtype == DType::BF16; }
 
-bool ClippedLinear::clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
-bool ClippedLinear::clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
-
 void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y) {
-  if (l.clips_input()) {
-    Tensor xc = be.scratch(DType::F32, x.shape);
-    be.clamp_into(x, l.in_lo, l.in_hi, xc);
-    be.matmul(xc, l.w, y);
-  } else {
-    be.matmul(x, l.w, y);
-  }
-  if (l.clips_output()) be.clamp(y, l.out_lo, l.out_hi);
+  if (l.clip.clips_input() || l.clip.clips_output()) be.matmul_clipped(x, l.w, l.clip, y);
+  else be.matmul(x, l.w, y);
 }
 
 Tensor TowerWeights::matrix(const std::string& name, std::vector<int64_t> shape) const {
@@ -66,10 +57,8 @@ ClippedLinear TowerWeights::linear(const std::string& name, int64_t out, int64_t
   ClippedLinear l;
   l.w = matrix(name + ".linear.weight", {out, in});
   if (clipped) {
-    l.in_lo = scalar(name + ".input_min");
-    l.in_hi = scalar(name + ".input_max");
-    l.out_lo = scalar(name + ".output_min");
-    l.out_hi = scalar(name + ".output_max");
+    l.clip = {scalar(name + ".input_min"), scalar(name + ".input_max"), scalar(name + ".output_min"),
+              scalar(name + ".output_max")};
   }
   return l;
 }

@@ -13,11 +13,9 @@ namespace mb {
 
 // A Gemma4ClippableLinear: y = clamp(W · clamp(x, in), out); bounds ±inf when the model has none.
 struct ClippedLinear {
+  static constexpr float kInf = std::numeric_limits<float>::infinity();
   Tensor w;
-  float in_lo = -std::numeric_limits<float>::infinity(), in_hi = std::numeric_limits<float>::infinity();
-  float out_lo = -std::numeric_limits<float>::infinity(), out_hi = std::numeric_limits<float>::infinity();
-  bool clips_input() const;
-  bool clips_output() const;
+  Backend::Clip clip{-kInf, kInf, -kInf, kInf};
 };
 
 // y = clamp(W · clamp(x)); x is left as it was (other projections read it).

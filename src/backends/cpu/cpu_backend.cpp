@@ -293,7 +293,14 @@ class CpuBackend final : public Backend {
     matmul_with(x, w, y, w.packed == rounded_inputs() ? cpu::Bf16Products::Rounded : cpu::Bf16Products::Exact);
   }
 
-  void matmul_with(const Tensor& x, const Tensor& w, Tensor& y, cpu::Bf16Products products) {
+  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y) override {
+    if (dtype_is_quantized(w.dtype)) return Backend::matmul_clipped(x, w, clip, y);
+    const cpu::MatClip c{clip.in_lo, clip.in_hi, clip.out_lo, clip.out_hi};
+    matmul_with(x, w, y, w.packed == rounded_inputs() ? cpu::Bf16Products::Rounded : cpu::Bf16Products::Exact, &c);
+  }
+
+  void matmul_with(const Tensor& x, const Tensor& w, Tensor& y, cpu::Bf16Products products,
+                   const cpu::MatClip* clip = nullptr) {
     check_f32(x, "matmul", "x");
     check_f32(y, "matmul", "y");
     const int64_t n = x.rows(), k = x.cols(), m = w.rows();
@@ -301,7 +308,7 @@ class CpuBackend final : public Backend {
              x.shape_str(), w.shape_str(), y.shape_str());
     if (dtype_is_quantized(w.dtype)) return matmul_quantized(x, w, y);
     MB_CHECK(cpu::is_kernel_weight_dtype(w.dtype), "matmul: unsupported weight dtype {}", dtype_name(w.dtype));
-    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m, products);
+    cpu::matmul(x.f32(), k, n, k, w.dtype, w.data, size_t(k) * dtype_size(w.dtype), m, y.f32(), m, products, clip);
   }
 
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override {

@@ -29,6 +29,9 @@ struct MatArgs {
   void (*dequant)(const void* src, float* dst, int64_t n) = nullptr;
   int64_t block = 1;
   size_t block_bytes = 0;
+  // Bounds on x as it is read and on y as it is written, for kernels that take them
+  // (Bf16GemmKernels::clips; cpu::matmul clamps in passes of its own for the others).
+  float x_lo = -__builtin_inff(), x_hi = __builtin_inff(), y_lo = -__builtin_inff(), y_hi = __builtin_inff();
 };
 
 // One sequence's causal attention; see Backend::attention for the contract.

@@ -399,10 +399,11 @@ bool matmul_blocks_supported(int64_t n) {
 }
 
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy, Bf16Products products) {
+            int64_t m, float* y, int64_t ldy, Bf16Products products, const MatClip* clip) {
   if (n <= 0 || m <= 0) return;
   if (k == 0) {
-    for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, 0.f);
+    const float y0 = clip ? std::min(std::max(0.f, clip->y_lo), clip->y_hi) : 0.f;
+    for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, y0);
     return;
   }
   const KernelTable& K = kernels();
@@ -415,12 +416,33 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   } else {
     a.wt = wtype(wt);
   }
+  if (clip) {
+    a.x_lo = clip->x_lo;
+    a.x_hi = clip->x_hi;
+    a.y_lo = clip->y_lo;
+    a.y_hi = clip->y_hi;
+  }
   if (a.wt == WType::BF16 && n >= kAmxMinTokens && products != Bf16Products::FmaChain) {
     const Bf16GemmKernels* G = products == Bf16Products::Rounded ? rounded_bf16_kernels() : nullptr;
     if (!G && amx_bf16_matmul_active()) G = amx_bf16_kernels();
-    if (G) return matmul_bf16_products(*G, a);
+    if (G && (!clip || G->clips)) return matmul_bf16_products(*G, a);
   }
   ThreadPool& pool = ThreadPool::global();
+  if (clip) {
+    // Kernels without bounds: x clamped into a copy first, y clamped after.
+    thread_local Scratch xc_buf;
+    float* xc = xc_buf.floats(size_t(n * k));  // the workers' thread_locals are others: pass the pointer
+    pool.parallel_for(n, std::max<int64_t>(1, 4096 / k), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        for (int64_t i = 0; i < k; ++i) xc[t * k + i] = std::min(std::max(x[t * ldx + i], clip->x_lo), clip->x_hi);
+    });
+    matmul(xc, k, n, k, wt, w, w_stride, m, y, ldy, products);
+    pool.parallel_for(n, std::max<int64_t>(1, 4096 / m), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        for (float *p = y + t * ldy, *end = p + m; p < end; ++p) *p = std::min(std::max(*p, clip->y_lo), clip->y_hi);
+    });
+    return;
+  }
   if (!K.gemm || n <= K.gemv_max_tokens) {
     const int64_t row_bytes = k * int64_t(wsize(a.wt));
     // Chunks of whole 16-row groups worth at least 64 KB of weights x tokens (up to 8): smaller

@@ -75,8 +75,14 @@ enum class Bf16Products {
   // them); else as Exact. rounded_bf16_matmul_kernel() tells which.
   Rounded,
 };
+// With `clip`: y = clamp(clamp(x, x_lo..x_hi) · wᵀ, y_lo..y_hi), x kept (the AMX kernels clamp as
+// they pack x and store y; other paths in passes of their own).
+struct MatClip {
+  float x_lo, x_hi, y_lo, y_hi;
+};
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
-            int64_t m, float* y, int64_t ldy, Bf16Products products = Bf16Products::Exact);
+            int64_t m, float* y, int64_t ldy, Bf16Products products = Bf16Products::Exact,
+            const MatClip* clip = nullptr);
 // The kernel Bf16Products::Rounded takes: "amx", "avx512bf16", or null (none here: exact products).
 const char* rounded_bf16_matmul_kernel();
 // Process-wide switch (tests, benchmarks) for Rounded's VDPBF16PS kernel where AMX does not run

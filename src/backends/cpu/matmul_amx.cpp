@@ -69,6 +69,7 @@ template <int P> void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, in
   alignas(64) int16_t odd[32];
   for (int i = 0; i < 32; ++i) odd[i] = int16_t(2 * i + 1);
   const __m512i high_halves = _mm512_load_si512(odd);
+  const __m512 x_lo = _mm512_set1_ps(a.x_lo), x_hi = _mm512_set1_ps(a.x_hi);
   for (int64_t tile = tile0; tile < tile1; ++tile)
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * kKBlock;
@@ -80,7 +81,10 @@ template <int P> void k_pack_x(const MatArgs& a, uint16_t* xp, int64_t tile0, in
         for (int g = 0; g < 2; ++g) {
           for (int i = 0; i < 8; ++i) {
             const int64_t token = tile * kTile + 8 * g + i;
-            pairs[g][i] = token < a.n ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, a.x + token * a.ldx + kh))
+            // Clamped (max then min: a NaN stays NaN, as std::min(std::max(x, lo), hi) keeps
+            // it); ±inf bounds leave x as it is.
+            pairs[g][i] = token < a.n ? _mm512_castps_si512(_mm512_min_ps(
+                                            x_hi, _mm512_max_ps(x_lo, _mm512_maskz_loadu_ps(mask, a.x + token * a.ldx + kh))))
                                       : _mm512_setzero_si512();
           }
           transpose8(pairs[g]);
@@ -172,13 +176,16 @@ void tile_block(const WeightTile& w0, const WeightTile& w1, const uint16_t* x0, 
   if constexpr (RT == 2 && TT == 2) _tile_stored(3, c.out + c.out_stride + 256, 64);
 }
 
-// A C tile (16 weight rows x 16 tokens, f32) into y[token][row] for the valid rows and tokens.
-void store_transposed(const float* c, float* y, int64_t ldy, int64_t rows, int64_t tokens) {
+// A C tile (16 weight rows x 16 tokens, f32) into y[token][row] for the valid rows and tokens,
+// clamped to [a.y_lo, a.y_hi] as pack_x clamps x.
+void store_transposed(const MatArgs& a, const float* c, float* y, int64_t rows, int64_t tokens) {
   __m512i v[kTile];
   for (int i = 0; i < kTile; ++i) v[i] = _mm512_load_si512(c + 16 * i);
   transpose16(v);
   const __mmask16 mask = low_bits16(rows);
-  for (int64_t t = 0; t < tokens; ++t) _mm512_mask_storeu_ps(y + t * ldy, mask, _mm512_castsi512_ps(v[t]));
+  const __m512 lo = _mm512_set1_ps(a.y_lo), hi = _mm512_set1_ps(a.y_hi);
+  for (int64_t t = 0; t < tokens; ++t)
+    _mm512_mask_storeu_ps(y + t * a.ldy, mask, _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_castsi512_ps(v[t]))));
 }
 
 // How a task walks its weights: chunks of `rows` rows, each in slices of `kbs` k blocks. A packed
@@ -274,7 +281,7 @@ template <int P> void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, i
           for (int64_t ri = 0; ri < (two_rows ? 2 : 1); ++ri)
             for (int64_t ti = 0; ti < (two_tokens ? 2 : 1); ++ti) {
               const int64_t t0 = (tt + ti) * kTile, r = c0 + (i + ri) * kTile;
-              store_transposed(c + (2 * ri + ti) * 256, a.y + t0 * a.ldy + r, a.ldy, min64(kTile, c1 - r),
+              store_transposed(a, c + (2 * ri + ti) * 256, a.y + t0 * a.ldy + r, min64(kTile, c1 - r),
                                min64(kTile, a.n - t0));
             }
         }
@@ -466,10 +473,10 @@ void k_attn_block(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t 
 const RoundedAttentionKernels kRoundedAttention = {kAttnQueries, k_attn_kv_bytes, k_attn_pack_kv,
                                                    k_attn_scratch_bytes, k_attn_block};
 
-const Bf16GemmKernels kExact = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<3>,
-                                k_scratch_bytes, k_pack_x<3>, k_gemm<3>};
-const Bf16GemmKernels kRounded = {kTile,           2 * kTile,     k_task_rows, k_xp_bytes<1>,
-                                  k_scratch_bytes, k_pack_x<1>, k_gemm<1>};
+const Bf16GemmKernels kExact = {kTile,           2 * kTile,   k_task_rows, k_xp_bytes<3>,
+                                k_scratch_bytes, k_pack_x<3>, k_gemm<3>,  true};
+const Bf16GemmKernels kRounded = {kTile,           2 * kTile,   k_task_rows, k_xp_bytes<1>,
+                                  k_scratch_bytes, k_pack_x<1>, k_gemm<1>,  true};
 
 }  // namespace
 

@@ -143,7 +143,7 @@ void k_gemm(const MatArgs& a, const uint16_t* xp16, int64_t r0, int64_t r1, void
 
 int64_t k_task_rows(int64_t) { return kPanelRows; }
 
-const Bf16GemmKernels kRounded = {kTokens, kRows, k_task_rows, k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm};
+const Bf16GemmKernels kRounded = {kTokens, kRows, k_task_rows, k_xp_bytes, k_scratch_bytes, k_pack_x, k_gemm, false};
 
 }  // namespace
 
