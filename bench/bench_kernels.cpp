@@ -373,6 +373,15 @@ bool register_all() {
               ->UseRealTime()->Unit(benchmark::kMillisecond);
         }
       }
+    // An E4B image's ViT matmuls (2520 patches) on the rounded products.
+    if (isa == Isa::Avx512 && mb::cpu::rounded_bf16_matmul_kernel())
+      for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 768}, {3072, 768}, {768, 3072}})
+        benchmark::RegisterBenchmark(("Gemm/rounded-" + std::string(mb::cpu::rounded_bf16_matmul_kernel()) + "/BF16/vit" +
+                                      std::to_string(m) + "x" + std::to_string(k)).c_str(),
+                                     [=](benchmark::State& s) {
+                                       Matmul(s, isa, DType::BF16, 2520, m, k, false, true, mb::cpu::Bf16Products::Rounded);
+                                     })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
     struct A { const char* name; int64_t n, ctx; int window; };
     for (A c : {A{"decode_ctx64", 1, 64, 0}, A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},
                 A{"prefill512", 512, 512, 0}, A{"prefill512_ring512", 512, 1024, 512}})

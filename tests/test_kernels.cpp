@@ -674,6 +674,11 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
       S.silu(s2.data(), n);
       for (size_t i = 0; i < s1.size(); ++i)
         ASSERT_NEAR(s1[i], s2[i], 2e-6f * std::fabs(s2[i]) + 1e-30f) << mb::cpu::isa_name(isa) << " silu(" << b[i] << ")";
+      std::vector<float> u1(size_t(n) + 1, 9.f), u2(size_t(n) + 1, 9.f);
+      K.glu(a.data(), b.data(), u1.data(), n);
+      S.glu(a.data(), b.data(), u2.data(), n);
+      for (size_t i = 0; i < u1.size(); ++i)
+        ASSERT_NEAR(u1[i], u2[i], 2e-6f * std::fabs(u2[i]) + 1e-30f) << mb::cpu::isa_name(isa) << " glu(" << b[i] << ")";
       if (n > 0) {
         std::vector<float> m1 = b, m2 = b;
         const float sum1 = K.exp_sum_row(m1.data(), n, 0.7f), sum2 = S.exp_sum_row(m2.data(), n, 0.7f);
@@ -711,6 +716,13 @@ TEST(KernelElementwise, EveryPathMatchesTheScalarTwin) {
     for (size_t i = 0; i < g.size(); ++i) {
       EXPECT_TRUE(std::isfinite(s1[i])) << g[i];
       EXPECT_NEAR(s1[i], s2[i], 1e-6f * std::fabs(s2[i]) + 1e-30f) << g[i];
+    }
+    std::vector<float> u1(g.size()), u2(g.size()), x(g.size(), -3.f);
+    K.glu(x.data(), g.data(), u1.data(), int64_t(g.size()));
+    S.glu(x.data(), g.data(), u2.data(), int64_t(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(u1[i])) << g[i];
+      EXPECT_NEAR(u1[i], u2[i], 1e-6f * std::fabs(u2[i]) + 1e-30f) << g[i];
     }
     const std::vector<uint16_t> halves = {0x0000, 0x8000, 0x0001, 0x03ff, 0x0400, 0x3c00, 0x7bff, 0x7c00, 0xfc00, 0xc000};
     std::vector<float> hv(halves.size());

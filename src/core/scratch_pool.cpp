@@ -1,5 +1,7 @@
 #include "core/scratch_pool.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -12,11 +14,27 @@ namespace {
 
 EnvFlag g_poison("MARKBASE_POISON_SCRATCH", "1");
 
-// Sizes are rounded so that near-equal requests (a prompt's last, shorter chunk) share blocks.
+constexpr size_t kHuge = size_t(2) << 20;
+
+// Sizes are rounded so that near-equal requests (a prompt's last, shorter chunk) share blocks;
+// from 2 MB up to whole 2 MB pages.
 size_t capacity_for(size_t bytes) {
   constexpr size_t kSmall = 64, kPage = 4096;
   if (bytes <= kPage) return std::max(kSmall, (bytes + kSmall - 1) / kSmall * kSmall);
+  if (bytes >= kHuge) return (bytes + kHuge - 1) / kHuge * kHuge;
   return (bytes + kPage - 1) / kPage * kPage;
+}
+
+// Blocks of 2 MB and more are 2 MB aligned and marked for transparent huge pages (where the
+// kernel's mode is "madvise"): a media encoder's first activations (a 30 s clip's first
+// convolution writes 49 MB) otherwise take a page fault every 4 KB, ~5% of the encode.
+void* allocate(size_t cap) {
+  if (cap < kHuge) return std::aligned_alloc(64, cap);
+  void* p = std::aligned_alloc(kHuge, cap);
+#if defined(MADV_HUGEPAGE)
+  if (p) madvise(p, cap, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+  return p;
 }
 
 }  // namespace
@@ -62,7 +80,7 @@ std::shared_ptr<void> ScratchPool::get(size_t bytes) {
     }
   }
   if (!p) {
-    p = std::aligned_alloc(64, cap);
+    p = allocate(cap);
     MB_CHECK(p != nullptr, "out of memory allocating {} bytes of activations", bytes);
   }
   if (poison()) std::memset(p, 0xFF, cap);

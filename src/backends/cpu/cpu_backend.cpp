@@ -447,12 +447,9 @@ class CpuBackend final : public Backend {
     check_glu_causal_conv(g, w, out);
     const int64_t n = out.rows(), D = out.cols(), K = w.cols();
     std::vector<float> a(size_t(n * D));
+    const cpu::KernelTable& KT = cpu::kernels();
     ThreadPool::global().parallel_for(n, 8, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
-        for (int64_t ch = 0; ch < D; ++ch) {
-          const float gate = g.f32()[t * 2 * D + D + ch];
-          a[size_t(t * D + ch)] = g.f32()[t * 2 * D + ch] * (1.f / (1.f + std::exp(-gate)));
-        }
+      for (int64_t t = b; t < e; ++t) KT.glu(g.f32() + t * 2 * D, g.f32() + t * 2 * D + D, a.data() + t * D, D);
     });
     ThreadPool::global().parallel_for(n, 8, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
@@ -472,25 +469,26 @@ class CpuBackend final : public Backend {
       check_f32(*t, "local_attention", "every tensor");
     const LocalAttentionShape s = local_attention_shape(q, k, v, q_gain, rel_keys, p, out);
     const int64_t nh = s.heads, hd = s.hd, width = nh * hd, n = s.n;
+    const cpu::KernelTable& K = cpu::kernels();
     ThreadPool::global().parallel_for(n, 4, [&](int64_t begin, int64_t end) {
-      std::vector<float> qs(static_cast<size_t>(hd)), logits(static_cast<size_t>(p.context));
+      // q̃ and q̃ · k_scale: content = q̃·k̃ is then one vector dot with the key as it lies.
+      std::vector<float> qs(static_cast<size_t>(2 * hd)), logits(static_cast<size_t>(p.context));
+      float* qk = qs.data() + hd;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t first = t / p.chunk * p.chunk - p.left;  // the frame of the context's first entry
         for (int64_t h = 0; h < nh; ++h) {
           const float* qt = q.f32() + t * width + h * hd;
-          for (int64_t i = 0; i < hd; ++i) qs[size_t(i)] = qt[i] * p.q_scale * q_gain.f32()[i];
+          for (int64_t i = 0; i < hd; ++i) {
+            qs[size_t(i)] = qt[i] * p.q_scale * q_gain.f32()[i];
+            qk[i] = qs[size_t(i)] * p.k_scale;
+          }
           float max_logit = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < p.context; ++j) {
             const int64_t src = first + j, d = t - src;
             float logit = p.invalid_logit;
             if (src >= 0 && src < n && p.valid[src] && d >= 0 && d < p.left) {
-              const float* ks = k.f32() + src * width + h * hd;
-              const float* r = rel_keys.f32() + (d + p.rel_offset) * width + h * hd;
-              float content = 0.f, position = 0.f;
-              for (int64_t i = 0; i < hd; ++i) {
-                content += qs[size_t(i)] * (ks[i] * p.k_scale);
-                position += qs[size_t(i)] * r[i];
-              }
+              const float content = K.dot(qk, k.f32() + src * width + h * hd, hd);
+              const float position = K.dot(qs.data(), rel_keys.f32() + (d + p.rel_offset) * width + h * hd, hd);
               logit = std::tanh((content + position) / p.logit_cap) * p.logit_cap;
             }
             logits[size_t(j)] = logit;
@@ -503,9 +501,7 @@ class CpuBackend final : public Backend {
           for (int64_t j = 0; j < p.context; ++j) {
             const int64_t src = first + j;
             if (src < 0 || src >= n) continue;  // zero values
-            const float pj = logits[size_t(j)] / sum;
-            const float* vs = v.f32() + src * width + h * hd;
-            for (int64_t i = 0; i < hd; ++i) o[i] += pj * vs[i];
+            K.axpy(logits[size_t(j)] / sum, v.f32() + src * width + h * hd, o, hd);
           }
         }
       }

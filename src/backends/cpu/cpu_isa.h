@@ -89,6 +89,8 @@ struct KernelTable {
   void (*softcap)(float* x, int64_t n, float cap);
   // x = x · sigmoid(x)
   void (*silu)(float* x, int64_t n);
+  // out = x · sigmoid(gate) (a gated linear unit); out may alias x or gate.
+  void (*glu)(const float* x, const float* gate, float* out, int64_t n);
   // x = exp(scale (x - m)) over n > 0 finite values, m their max, scale > 0; returns their f32 sum
   // (a softmax's numerators and denominator).
   float (*exp_sum_row)(float* x, int64_t n, float scale);

@@ -87,6 +87,10 @@ void s_silu(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
 
+void s_glu(const float* x, const float* gate, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] / (1.f + std::exp(-gate[i]));
+}
+
 float s_exp_sum_row(float* x, int64_t n, float scale) {
   float m = x[0], sum = 0.f;
   for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
@@ -153,7 +157,7 @@ void s_attention(const AttnArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t 
 }
 
 const KernelTable kScalar = {
-    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap, s_silu, s_exp_sum_row,
+    Isa::Scalar, "scalar", s_dot, s_axpy, s_sum, s_to_f32, s_gelu_tanh_mul, s_softcap, s_silu, s_glu, s_exp_sum_row,
     std::numeric_limits<int>::max(), s_gemv,
     0, 0, 0, nullptr, nullptr, nullptr, nullptr,
     s_attn_scratch, s_attention, nullptr,
