@@ -201,14 +201,19 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
   // 0..n_i-1 of its own store, and each of its queries, placed at n_i-1, sees all of them.
   std::vector<int32_t> key_slots(static_cast<size_t>(n)), query_last(static_cast<size_t>(n));
   std::vector<KVStore> stores(B);
+  const bool kv_views = be_.kv_dtype() == DType::F32;
   std::vector<Backend::AttentionSeq> writes(B), reads(B);
   for (size_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i < count[b]; ++i) {
       key_slots[size_t(begin[b] + i)] = int32_t(i);
       query_last[size_t(begin[b] + i)] = int32_t(count[b] - 1);
     }
-    stores[b].k = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
-    stores[b].v = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
+    // Where the backend keeps f32 keys and values, each layer's stores are views of its K and V
+    // rows (below) instead of copies (a 2,520-patch layer's K and V are 15 MB).
+    if (!kv_views) {
+      stores[b].k = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
+      stores[b].v = be_.alloc(be_.kv_dtype(), {count[b], nkv, hd});
+    }
     stores[b].capacity = count[b];
     writes[b] = {&stores[b], begin[b], count[b], key_slots.data() + begin[b]};
     reads[b] = {&stores[b], begin[b], count[b], query_last.data() + begin[b]};
@@ -233,7 +238,14 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
     Tensor q_halves = q.reshaped({n * nh * 2, 1, hd / 2}), k_halves = kk.reshaped({n * nkv * 2, 1, hd / 2});
     be_.rope(q_halves, q_pos.data(), w_->inv_freq.data());
     be_.rope(k_halves, k_pos.data(), w_->inv_freq.data());
-    be_.kv_write_batch(kk, v, writes);
+    if (kv_views) {
+      for (size_t b = 0; b < B; ++b) {
+        stores[b].k = kk.slice_rows(begin[b], count[b]);
+        stores[b].v = v.slice_rows(begin[b], count[b]);
+      }
+    } else {
+      be_.kv_write_batch(kk, v, writes);
+    }
     kk = v = Tensor();
     Tensor att = be_.scratch(DType::F32, {n, nh, hd});
     be_.attention_batch(q, reads, ap, att);
