@@ -35,6 +35,16 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// Every tile 16 rows of 64 bytes.
+inline void load_tile_config() {
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = kTile;
+    cfg.colsb[i] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
 // Rows of an 8 x 8 matrix of 64-bit lanes become its columns.
 inline void transpose8(__m512i (&r)[8]) {
   // t[2i + e], 128-bit lane l: column 2l + e of rows 2i, 2i + 1.
@@ -232,12 +242,7 @@ size_t k_scratch_bytes(int64_t n, int64_t k) {
 }
 
 template <int P> void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch) {
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.rows[i] = kTile;
-    cfg.colsb[i] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  load_tile_config();
   const Walk wk = walk(a.k);
   const int64_t ntt = (a.n + kTile - 1) / kTile, nfull = a.k / kKBlock;
   uint16_t* panel = static_cast<uint16_t*>(scratch);
@@ -394,6 +399,26 @@ float softmax_row_to_bf16(float* row, int64_t keys, int64_t keys32, float scale)
   return 1.f / _mm512_reduce_add_ps(sum);
 }
 
+// C tiles 0..3 = (a0, b0), (a0, b1), (a1, b0), (a1, b1) summed over nk steps from zero: A tiles
+// at a + step * a_step (rows a_stride bytes apart), B tiles at b + step * b_step (packed, 64).
+inline void tiles_2x2(const uint16_t* a0, const uint16_t* a1, size_t a_stride, int64_t a_step, const uint16_t* b0,
+                      const uint16_t* b1, int64_t b_step, int64_t nk) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < nk; ++i) {
+    _tile_loadd(4, a0 + i * a_step, a_stride);
+    _tile_loadd(5, a1 + i * a_step, a_stride);
+    _tile_loadd(6, b0 + i * b_step, 64);
+    _tile_loadd(7, b1 + i * b_step, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 void k_attn_block(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t hd, float scale, const uint16_t* kv,
                   float* out, int64_t ldo, void* scratch) {
   const int64_t hd32 = round_up(hd, 32), nkb = hd32 / kKBlock, keys32 = round_up(keys, 32);
@@ -406,29 +431,12 @@ void k_attn_block(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t 
     for (int64_t kb = 0; kb < nkb; ++kb)
       _mm512_store_si512(qp + i * hd32 + kb * kKBlock,
                          i < n ? bf16x32(q + i * ldq + kb * kKBlock, hd - kb * kKBlock) : _mm512_setzero_si512());
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.rows[i] = kTile;
-    cfg.colsb[i] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  load_tile_config();
   // S = Q·Kᵀ: C tiles (query tile, key tile) 0 (0, t), 1 (0, t + 1), 2 (1, t), 3 (1, t + 1).
   const size_t s_bytes = size_t(keys32) * 4, q_bytes = size_t(hd32) * 2;
   for (int64_t t = 0; t < nkt; t += 2) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      _tile_loadd(4, qp + kb * kKBlock, q_bytes);
-      _tile_loadd(5, qp + kTile * hd32 + kb * kKBlock, q_bytes);
-      _tile_loadd(6, kp + (t * nkb + kb) * kTileElems, 64);
-      _tile_loadd(7, kp + ((t + 1) * nkb + kb) * kTileElems, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    tiles_2x2(qp, qp + kTile * hd32, q_bytes, kKBlock, kp + t * nkb * kTileElems, kp + (t + 1) * nkb * kTileElems,
+              kTileElems, nkb);
     _tile_stored(0, s + t * kTile, s_bytes);
     _tile_stored(1, s + (t + 1) * kTile, s_bytes);
     _tile_stored(2, s + kTile * keys32 + t * kTile, s_bytes);
@@ -441,20 +449,8 @@ void k_attn_block(const float* q, int64_t ldq, int64_t n, int64_t keys, int64_t 
   // O = P·V: C tiles (query tile, dim tile) 0 (0, d), 1 (0, d + 1), 2 (1, d), 3 (1, d + 1).
   const uint16_t* p = reinterpret_cast<const uint16_t*>(s);
   for (int64_t d = 0; d < ndt; d += 2) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t b = 0; b < nvb; ++b) {
-      _tile_loadd(4, p + b * 32, s_bytes);
-      _tile_loadd(5, p + 2 * kTile * keys32 + b * 32, s_bytes);
-      _tile_loadd(6, vp + (d * nvb + b) * kTileElems, 64);
-      _tile_loadd(7, vp + ((d + 1) * nvb + b) * kTileElems, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    tiles_2x2(p, p + 2 * kTile * keys32, s_bytes, 32, vp + d * nvb * kTileElems, vp + (d + 1) * nvb * kTileElems,
+              kTileElems, nvb);
     _tile_stored(0, c, 64);  // tile numbers are immediates
     _tile_stored(1, c + 256, 64);
     _tile_stored(2, c + 512, 64);
