@@ -18,8 +18,10 @@ struct ClippedLinear {
   Backend::Clip clip{-kInf, kInf, -kInf, kInf};
 };
 
-// y = clamp(W · clamp(x)); x is left as it was (other projections read it).
-void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y);
+// y = clamp(W · clamp(x)); x is left as it was (other projections read it). With `limit`, y is then
+// clamped to [-limit, limit] too (in the same pass: the two clamps compose into one).
+void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y,
+                    float limit = std::numeric_limits<float>::infinity());
 
 // Values computed on the host (a derived table, a reshaped weight) as an f32 tensor of `be`.
 Tensor backend_values(Backend& be, std::span<const float> values, std::vector<int64_t> shape);

@@ -125,7 +125,10 @@ AudioEncoder::AudioEncoder(std::shared_ptr<const Checkpoint> ck, Backend& be)
   auto feed_forward = [&](const std::string& p) {
     FeedForward f;
     f.pre_norm = vec(p + "pre_layer_norm.weight", D);
-    f.post_norm = vec(p + "post_layer_norm.weight", D);
+    // The residual weight folded into the post norm's gain (the branch's only use): h += norm · (w · rw).
+    std::vector<float> post = host_values(p + "post_layer_norm.weight", {D});
+    for (float& x : post) x *= cfg_.residual_weight;
+    f.post_norm = backend_values(be_, post, {D});
     f.up = linear(p + "ffw_layer_1", I, D);
     f.down = linear(p + "ffw_layer_2", D, I);
     return f;
@@ -199,25 +202,22 @@ std::vector<float> download(Backend& be, const Tensor& t) {
   return v;
 }
 
-// x = x + residual_weight · RMSNorm(clamp(W2 · SiLU(W1 · RMSNorm(clamp(x)))))  (Gemma4AudioFeedForward).
+// x = x + residual_weight · RMSNorm(clamp(W2 · SiLU(W1 · RMSNorm(clamp(x)))))  (Gemma4AudioFeedForward); the
+// residual weight is in post_norm's gain, the clamp after W2 in its clipped matmul.
 void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tensor& h) {
   const int64_t n = h.rows();
   const float clip = c.gradient_clipping;
   Tensor a = be.scratch(DType::F32, h.shape);
-  be.copy(h, a);
-  be.clamp(a, -clip, clip);
+  be.clamp_into(h, -clip, clip, a);
   be.rms_norm(a, &f.pre_norm, kDefaultNormEps, false, a);
   Tensor u = be.scratch(DType::F32, {n, c.ffn});
   clipped_matmul(be, a, f.up, u);
   a = Tensor();
   be.silu(u);
   Tensor m = be.scratch(DType::F32, {n, c.hidden});
-  clipped_matmul(be, u, f.down, m);
+  clipped_matmul(be, u, f.down, m, clip);
   u = Tensor();
-  be.clamp(m, -clip, clip);
-  be.rms_norm(m, &f.post_norm, kDefaultNormEps, false, m);
-  be.scale(m, c.residual_weight);
-  be.add(h, m, h);
+  be.add_rms_norm(h, m, &f.post_norm, kDefaultNormEps, false);
 }
 
 // Gemma4AudioAttention's chunked local attention as the backend's local_attention op takes it.
@@ -309,8 +309,7 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
 
     // Attention: h += RMSNorm(clamp(post(attention(RMSNorm(clamp(h))))))
     Tensor a = be_.scratch(DType::F32, {n, D});
-    be_.copy(h, a);
-    be_.clamp(a, -clip, clip);
+    be_.clamp_into(h, -clip, clip, a);
     be_.rms_norm(a, &L.pre_attn_norm, kDefaultNormEps, false, a);
     Tensor q = be_.scratch(DType::F32, {n, D}), k = be_.scratch(DType::F32, {n, D}),
            v = be_.scratch(DType::F32, {n, D});
@@ -323,9 +322,8 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
                         L.rel_keys, attention, att);
     q = k = v = Tensor();
     Tensor o = be_.scratch(DType::F32, {n, D});
-    clipped_matmul(be_, att.reshaped({n, D}), L.post, o);
+    clipped_matmul(be_, att.reshaped({n, D}), L.post, o, clip);
     att = Tensor();
-    be_.clamp(o, -clip, clip);
     be_.add_rms_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false);
     o = Tensor();
 
