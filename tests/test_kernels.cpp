@@ -486,14 +486,16 @@ TEST(RoundedBf16Matmul, WeightsPreparedForRoundedInputsTakeThem) {
   }
 }
 
-// matmul_clipped is the clamps around a matmul, bit for bit, whichever kernel runs it: the AMX
-// ones clamp as they pack x and store y, the others in passes of their own. NaNs stay NaN, ±inf
-// bounds leave values alone, x is kept.
+// matmul_clipped is the clamps (and the activation) around a matmul, bit for bit, whichever kernel
+// runs it: the AMX ones clamp as they pack x and store y and activate each finished run of
+// outputs, the others in passes of their own. NaNs stay NaN, ±inf bounds leave values alone, x is
+// kept.
 TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
   auto be = mb::make_cpu_backend();
   std::mt19937 rng(26);
   constexpr float kInf = std::numeric_limits<float>::infinity();
   using Use = mb::Backend::WeightUse;
+  using Act = mb::Backend::Activation;
   std::vector<std::pair<std::string, bool>> settings{{"default", true}};
   for (const auto& k : rounded_kernels()) settings.push_back(k);
   for (const auto& [name, amx] : settings) {
@@ -503,7 +505,8 @@ TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
                                          mb::Backend::Clip{-kInf, kInf, -0.25f, 0.25f}})
       for (int64_t n : {3, 40})
         for (DType dt : {DType::BF16, DType::F32})
-          for (Use use : {Use::Matmul, Use::MatmulRoundedInputs}) {
+          for (Use use : {Use::Matmul, Use::MatmulRoundedInputs})
+          for (Act act : {Act::None, Act::Silu, Act::GeluTanhTimes}) {
             if (dt == DType::F32 && use == Use::MatmulRoundedInputs) continue;
             const int64_t k = 70, m = 37;
             auto x = randn(size_t(n * k), rng);
@@ -517,8 +520,11 @@ TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
             mb::Tensor xt = mb::host_tensor(DType::F32, {n, k});
             std::memcpy(xt.data, x.data(), x.size() * 4);
             mb::Tensor got = mb::host_tensor(DType::F32, {n, m}), want = mb::host_tensor(DType::F32, {n, m});
-            be->matmul_clipped(xt, wt, clip, got);
-            be->Backend::matmul_clipped(xt, wt, clip, want);
+            mb::Tensor times = mb::host_tensor(DType::F32, {n, m});
+            auto tv = randn(size_t(n * m), rng);
+            std::memcpy(times.data, tv.data(), tv.size() * 4);
+            be->matmul_clipped(xt, wt, clip, got, act, &times);
+            be->Backend::matmul_clipped(xt, wt, clip, want, act, &times);
             for (int64_t i = 0; i < n * k; ++i) ASSERT_TRUE(same_bits(xt.f32()[i], x[size_t(i)])) << "x changed";
             int64_t nans = 0;
             for (int64_t i = 0; i < n * m; ++i) {
@@ -526,9 +532,15 @@ TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
                   << name << " n=" << n << " " << mb::dtype_name(dt) << " use " << int(use) << " at " << i << ": "
                   << got.f32()[i] << " vs " << want.f32()[i];
               nans += std::isnan(got.f32()[i]);
-              if (!std::isnan(got.f32()[i])) ASSERT_TRUE(got.f32()[i] >= clip.out_lo && got.f32()[i] <= clip.out_hi);
+              if (!std::isnan(got.f32()[i]) && act == Act::None)
+                ASSERT_TRUE(got.f32()[i] >= clip.out_lo && got.f32()[i] <= clip.out_hi);
             }
             EXPECT_EQ(nans, m) << "x's NaN reaches its token's outputs";
+            if (act == Act::GeluTanhTimes) {
+              EXPECT_THROW(be->matmul_clipped(xt, wt, clip, got, act, nullptr), mb::Error) << "no times";
+              mb::Tensor short_times = mb::host_tensor(DType::F32, {n, m - 1});
+              EXPECT_THROW(be->matmul_clipped(xt, wt, clip, got, act, &short_times), mb::Error);
+            }
           }
   }
 }

@@ -121,9 +121,14 @@ class Backend {
     bool clips_input() const;
     bool clips_output() const;
   };
-  // y = clamp(clamp(x, in) · wᵀ, out), x kept (the media towers' clipped linears), which a backend
-  // may clamp as its matmul reads x and writes y instead of in passes of their own.
-  virtual void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y);
+  // What follows a clipped linear in the media towers: nothing, SiLU, or gelu_tanh(y) · times.
+  enum class Activation { None, Silu, GeluTanhTimes };
+  // y = act(clamp(clamp(x, in) · wᵀ, out)), x kept (the media towers' clipped linears), which a
+  // backend may clamp and activate as its matmul reads x and writes y instead of in passes of their
+  // own. times: GeluTanhTimes' other factor, y's shape.
+  virtual void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y,
+                              Activation act = Activation::None, const Tensor* times = nullptr);
+  static void check_activation(const Tensor& y, Activation act, const Tensor* times);
   // ys[i] = x · ws[i]ᵀ: several weights applied to one input (Q/K/V, gate/up), which a backend may
   // run as one pass.
   virtual void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {

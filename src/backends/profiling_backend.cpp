@@ -94,9 +94,13 @@ void ProfilingBackend::matmul(const Tensor& x, const Tensor& w, Tensor& y) {
   timed(Key{"matmul", w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()), [&] { in_.matmul(x, w, y); });
 }
 
-void ProfilingBackend::matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y) {
-  timed(Key{"matmul_clipped", w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()),
-        [&] { in_.matmul_clipped(x, w, clip, y); });
+void ProfilingBackend::matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y, Activation act,
+                                      const Tensor* times) {
+  const char* op = act == Activation::Silu ? "matmul_clipped_silu"
+                   : act == Activation::GeluTanhTimes ? "matmul_clipped_gelu_times"
+                                                       : "matmul_clipped";
+  timed(Key{op, w.rows(), w.cols(), int(w.dtype), 1}, double(w.nbytes()),
+        [&] { in_.matmul_clipped(x, w, clip, y, act, times); });
 }
 
 void ProfilingBackend::matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {

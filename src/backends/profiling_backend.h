@@ -56,7 +56,8 @@ class ProfilingBackend : public Backend {
   // Recording would hide the ops from the timer: a profiled run issues every op.
   void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) override;
   void matmul(const Tensor& x, const Tensor& w, Tensor& y) override;
-  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y) override;
+  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y, Activation act,
+                      const Tensor* times) override;
   void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) override;
   void matmul_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, Tensor& out) override;
   void matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) override;

@@ -16,13 +16,15 @@ Tensor backend_values(Backend& be, std::span<const float> values, std::vector<in
 
 bool rounded_products(const Checkpoint& ck, const Tensor& w) { return !ck.exact_media && w.dtype == DType::BF16; }
 
-void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y, float limit) {
+void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y, float limit,
+                    Backend::Activation act, const Tensor* times) {
   Backend::Clip clip = l.clip;
   // clamp(clamp(y, lo, hi), -limit, limit) = clamp(y, f(lo), f(hi)) for f = clamp(., -limit, limit):
   // f is monotone, so it moves through the max and the min.
   clip.out_lo = std::min(std::max(clip.out_lo, -limit), limit);
   clip.out_hi = std::min(std::max(clip.out_hi, -limit), limit);
-  if (clip.clips_input() || clip.clips_output()) be.matmul_clipped(x, l.w, clip, y);
+  if (clip.clips_input() || clip.clips_output() || act != Backend::Activation::None)
+    be.matmul_clipped(x, l.w, clip, y, act, times);
   else be.matmul(x, l.w, y);
 }
 

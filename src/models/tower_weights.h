@@ -20,8 +20,10 @@ struct ClippedLinear {
 
 // y = clamp(W · clamp(x)); x is left as it was (other projections read it). With `limit`, y is then
 // clamped to [-limit, limit] too (in the same pass: the two clamps compose into one).
+// act (and times): Backend::matmul_clipped's activation after the clamps.
 void clipped_matmul(Backend& be, const Tensor& x, const ClippedLinear& l, Tensor& y,
-                    float limit = std::numeric_limits<float>::infinity());
+                    float limit = std::numeric_limits<float>::infinity(),
+                    Backend::Activation act = Backend::Activation::None, const Tensor* times = nullptr);
 
 // Values computed on the host (a derived table, a reshaped weight) as an f32 tensor of `be`.
 Tensor backend_values(Backend& be, std::span<const float> values, std::vector<int64_t> shape);

@@ -49,7 +49,7 @@ struct Bf16GemmKernels {
   // y for weight rows [r0, r1) and every token. AMX kernels load their tile configuration and
   // release the tiles before they return (other AMX kernels on the same thread use others).
   void (*gemm)(const MatArgs& a, const uint16_t* xp, int64_t r0, int64_t r1, void* scratch);
-  // Whether pack_x and gemm apply MatArgs' bounds on x and y.
+  // Whether pack_x and gemm apply MatArgs' bounds on x and y and its epilogue.
   bool clips;
 };
 

@@ -293,9 +293,15 @@ class CpuBackend final : public Backend {
     matmul_with(x, w, y, w.packed == rounded_inputs() ? cpu::Bf16Products::Rounded : cpu::Bf16Products::Exact);
   }
 
-  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y) override {
-    if (dtype_is_quantized(w.dtype)) return Backend::matmul_clipped(x, w, clip, y);
-    const cpu::MatClip c{clip.in_lo, clip.in_hi, clip.out_lo, clip.out_hi};
+  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y, Activation act,
+                      const Tensor* times) override {
+    if (dtype_is_quantized(w.dtype)) return Backend::matmul_clipped(x, w, clip, y, act, times);
+    check_activation(y, act, times);
+    const cpu::MatClip c{clip.in_lo, clip.in_hi, clip.out_lo, clip.out_hi,
+                         act == Activation::Silu            ? cpu::MatAct::Silu
+                         : act == Activation::GeluTanhTimes ? cpu::MatAct::GeluTanhTimes
+                                                            : cpu::MatAct::None,
+                         times ? times->f32() : nullptr};
     matmul_with(x, w, y, w.packed == rounded_inputs() ? cpu::Bf16Products::Rounded : cpu::Bf16Products::Exact, &c);
   }
 

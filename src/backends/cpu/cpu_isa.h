@@ -32,6 +32,11 @@ struct MatArgs {
   // Bounds on x as it is read and on y as it is written, for kernels that take them
   // (Bf16GemmKernels::clips; cpu::matmul clamps in passes of its own for the others).
   float x_lo = -__builtin_inff(), x_hi = __builtin_inff(), y_lo = -__builtin_inff(), y_hi = __builtin_inff();
+  // Then, by the same kernels, on each finished run of a token's outputs (after the clamp): y[t][r0, r1)
+  // = epilogue(y[t][r0, r1), times[t][r0, r1)) (times laid out as y; null where the epilogue has none).
+  using Epilogue = void (*)(float* y, const float* times, int64_t n);
+  Epilogue epilogue = nullptr;
+  const float* times = nullptr;
 };
 
 // One sequence's causal attention; see Backend::attention for the contract.

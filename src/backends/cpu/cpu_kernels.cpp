@@ -397,6 +397,15 @@ const char* rounded_bf16_matmul_kernel() {
   return !G ? nullptr : G == amx_bf16_rounded_kernels() ? "amx" : "avx512bf16";
 }
 
+namespace {
+void silu_epilogue(float* y, const float*, int64_t n) { kernels().silu(y, n); }
+void gelu_tanh_times_epilogue(float* y, const float* times, int64_t n) { kernels().gelu_tanh_mul(y, times, y, n); }
+}  // namespace
+
+MatArgs::Epilogue epilogue_of(MatAct act) {
+  return act == MatAct::Silu ? silu_epilogue : act == MatAct::GeluTanhTimes ? gelu_tanh_times_epilogue : nullptr;
+}
+
 bool matmul_blocks_supported(int64_t n) {
   const KernelTable& K = kernels();
   return K.gemm && n > K.gemv_max_tokens;
@@ -408,6 +417,8 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
   if (k == 0) {
     const float y0 = clip ? std::min(std::max(0.f, clip->y_lo), clip->y_hi) : 0.f;
     for (int64_t t = 0; t < n; ++t) std::fill(y + t * ldy, y + t * ldy + m, y0);
+    if (const auto epilogue = clip ? epilogue_of(clip->act) : nullptr)
+      for (int64_t t = 0; t < n; ++t) epilogue(y + t * ldy, clip->times ? clip->times + t * ldy : nullptr, m);
     return;
   }
   const KernelTable& K = kernels();
@@ -425,6 +436,8 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
     a.x_hi = clip->x_hi;
     a.y_lo = clip->y_lo;
     a.y_hi = clip->y_hi;
+    a.epilogue = epilogue_of(clip->act);
+    a.times = clip->times;
   }
   if (a.wt == WType::BF16 && n >= kAmxMinTokens && products != Bf16Products::FmaChain) {
     const Bf16GemmKernels* G = products == Bf16Products::Rounded ? rounded_bf16_kernels() : nullptr;
@@ -442,8 +455,10 @@ void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const v
     });
     matmul(xc, k, n, k, wt, w, w_stride, m, y, ldy, products);
     pool.parallel_for(n, std::max<int64_t>(1, 4096 / m), [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
+      for (int64_t t = b; t < e; ++t) {
         for (float *p = y + t * ldy, *end = p + m; p < end; ++p) *p = std::min(std::max(*p, clip->y_lo), clip->y_hi);
+        if (a.epilogue) a.epilogue(y + t * ldy, a.times ? a.times + t * ldy : nullptr, m);
+      }
     });
     return;
   }

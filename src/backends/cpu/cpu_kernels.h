@@ -77,8 +77,14 @@ enum class Bf16Products {
 };
 // With `clip`: y = clamp(clamp(x, x_lo..x_hi) · wᵀ, y_lo..y_hi), x kept (the AMX kernels clamp as
 // they pack x and store y; other paths in passes of their own).
+// act: what y goes through after the clamp (Backend::Activation); times: GeluTanhTimes' other
+// factor, laid out as y.
+enum class MatAct { None, Silu, GeluTanhTimes };
+MatArgs::Epilogue epilogue_of(MatAct act);  // the active table's kernels for it; null for None
 struct MatClip {
   float x_lo, x_hi, y_lo, y_hi;
+  MatAct act = MatAct::None;
+  const float* times = nullptr;
 };
 void matmul(const float* x, int64_t ldx, int64_t n, int64_t k, DType wt, const void* w, size_t w_stride,
             int64_t m, float* y, int64_t ldy, Bf16Products products = Bf16Products::Exact,

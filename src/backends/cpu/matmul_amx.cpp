@@ -290,6 +290,11 @@ template <int P> void k_gemm(const MatArgs& a, const uint16_t* xp, int64_t r0, i
                                min64(kTile, a.n - t0));
             }
         }
+        // The token pair's outputs of the chunk are done and still in cache: the epilogue runs on
+        // them a token at a time (runs of up to 512 outputs, not a call per 16).
+        if (last_slice && a.epilogue)
+          for (int64_t t = tt * kTile, t1 = min64(a.n, (tt + 2) * kTile); t < t1; ++t)
+            a.epilogue(a.y + t * a.ldy + c0, a.times ? a.times + t * a.ldy + c0 : nullptr, c1 - c0);
       }
     }
   }

@@ -211,9 +211,8 @@ void feed_forward(Backend& be, const FeedForward& f, const AudioConfig& c, Tenso
   be.clamp_into(h, -clip, clip, a);
   be.rms_norm(a, &f.pre_norm, kDefaultNormEps, false, a);
   Tensor u = be.scratch(DType::F32, {n, c.ffn});
-  clipped_matmul(be, a, f.up, u);
+  clipped_matmul(be, a, f.up, u, std::numeric_limits<float>::infinity(), Backend::Activation::Silu);
   a = Tensor();
-  be.silu(u);
   Tensor m = be.scratch(DType::F32, {n, c.hidden});
   clipped_matmul(be, u, f.down, m, clip);
   u = Tensor();

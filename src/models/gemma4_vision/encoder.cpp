@@ -259,10 +259,9 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
     Tensor b = be_.scratch(DType::F32, {n, D});
     be_.rms_norm(h, &L.pre_ffn_norm, cfg_.eps, false, b);
     Tensor g = be_.scratch(DType::F32, {n, F}), u = be_.scratch(DType::F32, {n, F});
-    clipped_matmul(be_, b, L.gate, g);
     clipped_matmul(be_, b, L.up, u);
+    clipped_matmul(be_, b, L.gate, g, std::numeric_limits<float>::infinity(), Backend::Activation::GeluTanhTimes, &u);
     b = Tensor();
-    be_.gelu_tanh_mul(g, u, g);
     u = Tensor();
     Tensor m = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, g, L.down, m);
