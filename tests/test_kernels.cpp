@@ -532,8 +532,9 @@ TEST(RoundedBf16Matmul, ClippedMatmulIsTheClampsAroundIt) {
                   << name << " n=" << n << " " << mb::dtype_name(dt) << " use " << int(use) << " at " << i << ": "
                   << got.f32()[i] << " vs " << want.f32()[i];
               nans += std::isnan(got.f32()[i]);
-              if (!std::isnan(got.f32()[i]) && act == Act::None)
+              if (!std::isnan(got.f32()[i]) && act == Act::None) {
                 ASSERT_TRUE(got.f32()[i] >= clip.out_lo && got.f32()[i] <= clip.out_hi);
+              }
             }
             EXPECT_EQ(nans, m) << "x's NaN reaches its token's outputs";
             if (act == Act::GeluTanhTimes) {
@@ -613,7 +614,9 @@ TEST(RoundedBf16Matmul, WholeImageAttentionIsSdpaOnBf16) {
   std::vector<int32_t> pos(64, 255);
   mb::cpu::AttnArgs a{q.data(), out.data(), kv.data(), kv.data(), pos.data(), 64, 1, 1, 64, 256, false, nullptr, 0, 0,
                       1.f, 0.f};
-  if (mb::cpu::kernels_for(Isa::Avx2)) EXPECT_FALSE(mb::cpu::attention_whole_rounded(a)) << "no rounded kernel on AVX2";
+  if (mb::cpu::kernels_for(Isa::Avx2)) {
+    EXPECT_FALSE(mb::cpu::attention_whole_rounded(a)) << "no rounded kernel on AVX2";
+  }
 }
 
 // add and mul with b broadcast over a's rows (b's length divides a's), on chunks that split rows.
@@ -1423,6 +1426,33 @@ TEST(BackendTowerOps, LayerNormSiluAndBroadcastAddAreTheirDefinitions) {
     mb::Tensor odd = tower::filled({width + 1}, rng, 1.f);
     EXPECT_THROW(be->add(a, odd, out), mb::Error);
   }
+}
+
+// add_rms_norm_norm in one pass gives the bits of add_rms_norm and then rms_norm, with weights or
+// without, and checks y's size.
+TEST(BackendTowerOps, AddRmsNormNormIsTheTwoOps) {
+  auto be = mb::make_cpu_backend();
+  std::mt19937 rng(35);
+  const int64_t rows = 300, d = 48;
+  for (bool weighted : {false, true})
+    for (bool add_one : {false, true}) {
+      mb::Tensor x = tower::filled({rows, d}, rng, 2.f), branch = tower::filled({rows, d}, rng, 1.f);
+      mb::Tensor w = tower::filled({d}, rng, 1.f), w_next = tower::filled({d}, rng, 1.f);
+      mb::Tensor x2 = mb::host_tensor(DType::F32, {rows, d}), branch2 = mb::host_tensor(DType::F32, {rows, d});
+      std::memcpy(x2.data, x.data, size_t(x.nbytes()));
+      std::memcpy(branch2.data, branch.data, size_t(branch.nbytes()));
+      mb::Tensor y = mb::host_tensor(DType::F32, {rows, d}), y2 = mb::host_tensor(DType::F32, {rows, d});
+      const mb::Tensor* wn = weighted ? &w_next : nullptr;
+      be->add_rms_norm_norm(x, branch, &w, 1e-6f, add_one, 0.5f, wn, y);
+      be->add_rms_norm(x2, branch2, &w, 1e-6f, add_one, 0.5f);
+      be->rms_norm(x2, wn, 1e-6f, add_one, y2);
+      for (int64_t i = 0; i < rows * d; ++i) {
+        ASSERT_EQ(x.f32()[i], x2.f32()[i]) << i;
+        ASSERT_EQ(y.f32()[i], y2.f32()[i]) << i;
+      }
+      mb::Tensor small = mb::host_tensor(DType::F32, {rows - 1, d});
+      EXPECT_THROW(be->add_rms_norm_norm(x, branch, &w, 1e-6f, add_one, 1.f, wn, small), mb::Error);
+    }
 }
 
 TEST(BackendTowerOps, LocalAttentionIsTheMaskedSoftmaxOfItsDefinition) {

@@ -587,6 +587,19 @@ class CpuBackend final : public Backend {
   }
 
   void add_rms_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale) override {
+    add_rms_norm_rows(x, branch, w, eps, add_one, scale, nullptr, nullptr);
+  }
+
+  // The next norm row by row while the new x is in cache: the same bits as the two ops.
+  void add_rms_norm_norm(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale,
+                         const Tensor* w_next, Tensor& y) override {
+    check_f32(y, "add_rms_norm_norm", "y");
+    MB_CHECK(y.numel() == x.numel(), "add_rms_norm_norm: y {} does not fit x {}", y.shape_str(), x.shape_str());
+    add_rms_norm_rows(x, branch, w, eps, add_one, scale, norm_weight(w_next, x.cols(), "add_rms_norm_norm"), &y);
+  }
+
+  void add_rms_norm_rows(Tensor& x, Tensor& branch, const Tensor* w, float eps, bool add_one, float scale,
+                         const float* w_next, Tensor* y) {
     check_f32(x, "add_rms_norm", "x");
     check_f32(branch, "add_rms_norm", "branch");
     MB_CHECK(x.numel() == branch.numel() && x.cols() == branch.cols(), "add_rms_norm: shapes {} and {} differ",
@@ -601,6 +614,7 @@ class CpuBackend final : public Backend {
         // (x + y) * 1 is x + y exactly, so one loop serves both.
 #pragma GCC ivdep
         for (int64_t j = 0; j < d; ++j) xr[j] = (xr[j] + br[j]) * scale;
+        if (y) norm_row(xr, d, w_next, eps, add_one, y->f32() + r * d);
       }
     });
   }

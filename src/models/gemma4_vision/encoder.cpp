@@ -222,9 +222,12 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
   ap.scale = 1.f;
   ap.rounded_inputs = !w_->layers.empty() && rounded_products(*ck_, w_->layers[0].q.w);
 
-  for (const Weights::Layer& L : w_->layers) {
-    Tensor a = be_.scratch(DType::F32, {n, D});
-    be_.rms_norm(h, &L.input_norm, cfg_.eps, false, a);
+  // Each residual add writes the next block's normed input in the same pass (add_rms_norm_norm):
+  // `a` holds the layer's attention input, made by the previous layer's end (the first layer's here).
+  Tensor a = be_.scratch(DType::F32, {n, D});
+  if (!w_->layers.empty()) be_.rms_norm(h, &w_->layers[0].input_norm, cfg_.eps, false, a);
+  for (size_t li = 0; li < w_->layers.size(); ++li) {
+    const Weights::Layer& L = w_->layers[li];
     Tensor q = be_.scratch(DType::F32, {n, nh, hd}), kk = be_.scratch(DType::F32, {n, nkv, hd}),
            v = be_.scratch(DType::F32, {n, nkv, hd});
     clipped_matmul(be_, a, L.q, q);
@@ -253,11 +256,10 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
     Tensor o = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, att.reshaped({n, nh * hd}), L.o, o);
     att = Tensor();
-    be_.add_rms_norm(h, o, &L.post_attn_norm, cfg_.eps, false);
+    Tensor b = be_.scratch(DType::F32, {n, D});
+    be_.add_rms_norm_norm(h, o, &L.post_attn_norm, cfg_.eps, false, 1.f, &L.pre_ffn_norm, b);
     o = Tensor();
 
-    Tensor b = be_.scratch(DType::F32, {n, D});
-    be_.rms_norm(h, &L.pre_ffn_norm, cfg_.eps, false, b);
     Tensor g = be_.scratch(DType::F32, {n, F}), u = be_.scratch(DType::F32, {n, F});
     clipped_matmul(be_, b, L.up, u);
     clipped_matmul(be_, b, L.gate, g, std::numeric_limits<float>::infinity(), Backend::Activation::GeluTanhTimes, &u);
@@ -266,7 +268,12 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
     Tensor m = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, g, L.down, m);
     g = Tensor();
-    be_.add_rms_norm(h, m, &L.post_ffn_norm, cfg_.eps, false);
+    if (li + 1 < w_->layers.size()) {
+      a = be_.scratch(DType::F32, {n, D});
+      be_.add_rms_norm_norm(h, m, &L.post_ffn_norm, cfg_.eps, false, 1.f, &w_->layers[li + 1].input_norm, a);
+    } else {
+      be_.add_rms_norm(h, m, &L.post_ffn_norm, cfg_.eps, false);
+    }
   }
   stores.clear();
 
