@@ -323,12 +323,16 @@ std::vector<float> AudioEncoder::encode(std::span<const float> mel, std::span<co
     Tensor o = be_.scratch(DType::F32, {n, D});
     clipped_matmul(be_, att.reshaped({n, D}), L.post, o, clip);
     att = Tensor();
-    be_.add_rms_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false);
-    o = Tensor();
-
-    // Light convolution: h += end(SiLU(RMSNorm(clamp(conv(GLU(start(RMSNorm(h))))))))
+    // Light convolution: h += end(SiLU(RMSNorm(clamp(conv(GLU(start(RMSNorm(h)))))))), its input norm
+    // written by the attention's residual add.
     Tensor b = be_.scratch(DType::F32, {n, D});
-    be_.rms_norm(h, &L.conv_pre_norm, cfg_.eps, false, b);
+    if (cfg_.eps == kDefaultNormEps) {
+      be_.add_rms_norm_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false, 1.f, &L.conv_pre_norm, b);
+    } else {
+      be_.add_rms_norm(h, o, &L.post_attn_norm, kDefaultNormEps, false);
+      be_.rms_norm(h, &L.conv_pre_norm, cfg_.eps, false, b);
+    }
+    o = Tensor();
     Tensor g = be_.scratch(DType::F32, {n, 2 * D});
     clipped_matmul(be_, b, L.conv_start, g);
     b = Tensor();
