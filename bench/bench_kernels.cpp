@@ -9,7 +9,8 @@
 //                                  Gemm/avx512/BF16 is the f32 GEMM with AMX turned off
 //   Gemm/rounded-<kernel>/BF16/... the same on activations rounded to bf16 (Bf16Products::Rounded):
 //                                  AMX tiles, or VDPBF16PS with AMX off (where the CPU runs it,
-//                                  which the engine takes only where it is fast)
+//                                  which the engine takes only where it is fast); .../vit<m>x<k>: an
+//                                  E4B image's ViT matmuls, 2520 patches
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //                                  (vision2520: an image's 2520 patches, 12 heads of 64; rounded-<kernel>:
 //                                  on the rounded bf16 products, cpu::attention_whole_rounded)
