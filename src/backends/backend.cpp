@@ -1,33 +1,7 @@
 // Checks shared by every backend's ops (backend.h).
 #include "backends/backend.h"
 
-#include <cmath>
-
 namespace mb {
-
-bool Backend::Clip::clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
-bool Backend::Clip::clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
-
-void Backend::matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y, Activation act,
-                             const Tensor* times) {
-  check_activation(y, act, times);
-  if (clip.clips_input()) {
-    Tensor xc = scratch(DType::F32, x.shape);
-    clamp_into(x, clip.in_lo, clip.in_hi, xc);
-    matmul(xc, w, y);
-  } else {
-    matmul(x, w, y);
-  }
-  if (clip.clips_output()) clamp(y, clip.out_lo, clip.out_hi);
-  if (act == Activation::Silu) silu(y);
-  if (act == Activation::GeluTanhTimes) gelu_tanh_mul(y, *times, y);
-}
-
-void Backend::check_activation(const Tensor& y, Activation act, const Tensor* times) {
-  if (act == Activation::GeluTanhTimes)
-    MB_CHECK(times && times->dtype == DType::F32 && times->numel() == y.numel(),
-             "matmul_clipped: gelu_tanh · times needs f32 times of y's {} elements", y.numel());
-}
 
 Backend::Im2colShape Backend::im2col_shape(const Tensor& x, const Im2col& c, int64_t row0, const Tensor& cols) {
   MB_CHECK(x.rank() == 3 && cols.rank() == 3 && c.kernel > 0 && c.stride > 0 && c.pad >= 0,

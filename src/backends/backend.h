@@ -118,17 +118,35 @@ class Backend {
   // Bounds on a matmul's input and output; ±inf where there are none.
   struct Clip {
     float in_lo, in_hi, out_lo, out_hi;
-    bool clips_input() const;
-    bool clips_output() const;
+    bool clips_input() const { return std::isfinite(in_lo) || std::isfinite(in_hi); }
+    bool clips_output() const { return std::isfinite(out_lo) || std::isfinite(out_hi); }
   };
   // What follows a clipped linear in the media towers: nothing, SiLU, or gelu_tanh(y) · times.
   enum class Activation { None, Silu, GeluTanhTimes };
   // y = act(clamp(clamp(x, in) · wᵀ, out)), x kept (the media towers' clipped linears), which a
   // backend may clamp and activate as its matmul reads x and writes y instead of in passes of their
   // own. times: GeluTanhTimes' other factor, y's shape.
+  // (Defined here, as every default: the parser-only fuzz build has models but no backend .cpp, so
+  // Backend keeps no out-of-line virtual that would put its vtable in one.)
   virtual void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y,
-                              Activation act = Activation::None, const Tensor* times = nullptr);
-  static void check_activation(const Tensor& y, Activation act, const Tensor* times);
+                              Activation act = Activation::None, const Tensor* times = nullptr) {
+    check_activation(y, act, times);
+    if (clip.clips_input()) {
+      Tensor xc = scratch(DType::F32, x.shape);
+      clamp_into(x, clip.in_lo, clip.in_hi, xc);
+      matmul(xc, w, y);
+    } else {
+      matmul(x, w, y);
+    }
+    if (clip.clips_output()) clamp(y, clip.out_lo, clip.out_hi);
+    if (act == Activation::Silu) silu(y);
+    if (act == Activation::GeluTanhTimes) gelu_tanh_mul(y, *times, y);
+  }
+  static void check_activation(const Tensor& y, Activation act, const Tensor* times) {
+    if (act == Activation::GeluTanhTimes)
+      MB_CHECK(times && times->dtype == DType::F32 && times->numel() == y.numel(),
+               "matmul_clipped: gelu_tanh · times needs f32 times of y's {} elements", y.numel());
+  }
   // ys[i] = x · ws[i]ᵀ: several weights applied to one input (Q/K/V, gate/up), which a backend may
   // run as one pass.
   virtual void matmuls(const Tensor& x, const std::vector<const Tensor*>& ws, const std::vector<Tensor*>& ys) {
