@@ -102,14 +102,18 @@ std::shared_ptr<uint8_t> alloc_streamed(size_t bytes) {
   if (aligned > start) munmap(raw, aligned - start);
   if (const size_t tail = start + len + kHuge - (aligned + len); tail > 0) munmap(reinterpret_cast<void*>(aligned + len), tail);
   uint8_t* p = reinterpret_cast<uint8_t*>(aligned);
+  advise_huge_pages(p, bytes / kHuge * kHuge);
+  return std::shared_ptr<uint8_t>(p, [len](uint8_t* q) { munmap(q, len); });
+}
+
+void advise_huge_pages(void* p, size_t n) {
 #if defined(MADV_HUGEPAGE)
   static const bool use_huge = [] {
     const char* env = std::getenv("MARKBASE_HUGEPAGES");
     return !(env && std::string(env) == "0");
   }();
-  if (use_huge) madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice: failure is harmless
+  if (use_huge && n > 0) madvise(p, n, MADV_HUGEPAGE);  // advice: failure is harmless
 #endif
-  return std::shared_ptr<uint8_t>(p, [len](uint8_t* q) { munmap(q, len); });
 }
 void advise_random_access(const void* p, size_t n) { advise_mapped(p, n, MADV_RANDOM); }
 

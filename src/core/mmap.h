@@ -43,5 +43,8 @@ void advise_random_access(const void* p, size_t n);
 // MARKBASE_HUGEPAGES=0 turns the advice off. Zeroed (large ones by the kernel, page by page on
 // first touch); freed by the returned pointer.
 std::shared_ptr<uint8_t> alloc_streamed(size_t bytes);
+// Marks [p, p + n) (whole 2 MB pages, 2 MB aligned) for transparent huge pages, unless
+// MARKBASE_HUGEPAGES=0; alloc_streamed and the scratch pool's large blocks.
+void advise_huge_pages(void* p, size_t n);
 
 }  // namespace mb

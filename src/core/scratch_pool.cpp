@@ -1,12 +1,11 @@
 #include "core/scratch_pool.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 
 #include "core/env_flag.h"
 #include "core/error.h"
+#include "core/mmap.h"
 
 namespace mb {
 
@@ -31,9 +30,7 @@ size_t capacity_for(size_t bytes) {
 void* allocate(size_t cap) {
   if (cap < kHuge) return std::aligned_alloc(64, cap);
   void* p = std::aligned_alloc(kHuge, cap);
-#if defined(MADV_HUGEPAGE)
-  if (p) madvise(p, cap, MADV_HUGEPAGE);  // advice: failure is harmless
-#endif
+  if (p) advise_huge_pages(p, cap);
   return p;
 }
 
