@@ -25,7 +25,10 @@
 # ../shared), else tok.xz in the carry folder.
 # llama.cpp: llama-bench and llama-batched-bench with their .so files from LLAMA_CUDA_DIR (default build-peer-cuda/,
 # made by `PEER_CUDA=1 tools/peer/build_llama_cpp.sh` and carried; the folder may instead hold one .tar.xz/.tar.gz/
-# .tar.zst/.tar of them, unpacked to /tmp). Without them the table has markbase's figures alone.
+# .tar.zst/.tar of them, unpacked to /tmp), or else its source, LLAMA_CUDA_DIR/llama-src.tar.xz (made by
+# `tools/peer/build_llama_cpp.sh --source-archive build-peer-cuda/llama-src.tar.xz`: the same llama.cpp as the CPU
+# peer's), which this script builds there on every core while the CUDA tests run (~4 minutes on 16 cores; a warm
+# machine's next call reuses /tmp/markbase-peer-cuda). Without either the table has markbase's figures alone.
 # A call carries, with the working tree (64 MiB in all, shared/ included: ~47 MiB before any carry here):
 #   carry: build-cuda/carry build-peer-cuda        (plus build-devdeps to build there instead)
 #
@@ -49,6 +52,9 @@
 #   comparison too); BATCHES (8,64,128);
 #   BIG=1: 31b and 26b-a4b at q4_0 too (pp/tg; their files are ~17 and ~15 GB, minutes to make); REPS (3).
 #   MEDIA=1: the media encoders against transformers on this GPU, with MarkBase's op tables (MEDIA_TIMEOUT, 300 s).
+#   MEDIA_CPU=1: the same on this host's CPU (MEDIA_THREADS: a list of thread counts, default every core; MEDIA_REPS,
+#     5), after the peer's build.
+#   PEER_BUILD_TIMEOUT (420 s); SKIP_PEER_BUILD=1 leaves the peer's source unbuilt.
 #   MODEL_DIR (/tmp/gpu-suite-models); KEEP_MODELS=1 keeps the .gguf files.
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
@@ -100,6 +106,10 @@ case ${1:-} in
     xz -T0 -6 -c "$build/bin/markbase" >"$pack/markbase.xz"
     xz -T0 -6 -c "$build/tests/markbase_tests" >"$pack/markbase_tests.xz"
     cp "$build/CMakeCache.txt" "$pack/"
+    # shared/ does not travel from a checkout beside it: the tokenizer that `bench --save` writes into the models.
+    for t in "$root/shared/data/tokenizer/gemma4-tokenizer.json" "$root/../shared/data/tokenizer/gemma4-tokenizer.json"; do
+      [[ -f $t ]] && { xz -T0 -6 -c "$t" >"$pack/tok.xz"; break; }
+    done
     dirty=""
     [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && dirty=" (with uncommitted changes)"
     echo "$(git rev-parse HEAD 2>/dev/null || echo unknown)$dirty" >"$pack/COMMIT"
@@ -306,6 +316,36 @@ else
 fi
 mbrun "$markbase" --version 2>&1 | head -n 1 | sed 's/^/markbase: /' | tee -a "$md"
 
+# ---------------------------------------------------------------- llama.cpp's CUDA build, from source
+# Without carried binaries of the peer, its source archive (`tools/peer/build_llama_cpp.sh --source-archive
+# build-peer-cuda/llama-src.tar.xz`, ~5 MB) is built here on every core while the CUDA tests use the GPU, into
+# /tmp (a warm machine's next call finds it there); waited for before anything is timed.
+llama_dir=${LLAMA_CUDA_DIR:-$root/build-peer-cuda}
+peer_build=/tmp/markbase-peer-cuda
+peer_pid=""
+if [[ ${SKIP_PEER_BUILD:-0} != 1 && -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f 2>/dev/null) &&
+      ! -x $peer_build/build/bin/llama-bench && -f $llama_dir/llama-src.tar.xz ]]; then
+  say "llama.cpp: building its CUDA peer from $llama_dir/llama-src.tar.xz ($(nproc) jobs, beside the tests)"
+  (
+    s=$SECONDS
+    timeout -k 10 "${PEER_BUILD_TIMEOUT:-420}" env PEER_CUDA=1 PEER_SRC="$llama_dir/llama-src.tar.xz" \
+      JOBS="$(nproc)" bash "$root/tools/peer/build_llama_cpp.sh" "$peer_build" >"$work/peer-build.log" 2>&1
+    printf 'peer-build\t%s\t%s\n' $((SECONDS - s)) $? >"$work/peer-build.step"
+  ) &
+  peer_pid=$!
+fi
+wait_peer_build() {
+  [[ -n $peer_pid ]] || return 0
+  wait "$peer_pid"
+  peer_pid=""
+  cat "$work/peer-build.step" >>"$work/steps.tsv" 2>/dev/null
+  if [[ -x $peer_build/build/bin/llama-bench ]]; then
+    say "llama.cpp: built in $(cut -f 2 "$work/peer-build.step") s ($(grep -m 1 'llama.cpp' "$work/peer-build.log"))"
+  else
+    say "llama.cpp: the build failed ($(cut -f 3 "$work/peer-build.step")): $(tail -n 3 "$work/peer-build.log" | tr '\n' ' ')"
+  fi
+}
+
 # ---------------------------------------------------------------- tests
 gtest_counts() {  # LOG -> "N tests: P passed, F failed, S skipped"
   local log=$1 t p f s
@@ -420,7 +460,26 @@ if [[ -n $host_pid ]]; then
   fi
 fi
 
+wait_peer_build  # nothing below shares the machine with a compiler
+
 # ---------------------------------------------------------------- media encoders
+# MEDIA_CPU=1: bench/media_vs_transformers.py on this host's CPU, every core (MEDIA_THREADS), MarkBase's CPU
+# backend against transformers on torch's CPU kernels, then MarkBase's op table for one run of each input.
+if [[ ${MEDIA_CPU:-0} == 1 ]]; then
+  say ""
+  say "## media encoders on the CPU (bench/media_vs_transformers.py --threads N --profile)"
+  if python3 -c "import torch, torchvision, transformers" 2>/dev/null; then
+    for n in ${MEDIA_THREADS:-$(nproc)}; do
+      run_step "media-cpu-$n" "${MEDIA_TIMEOUT:-300}" env LD_LIBRARY_PATH="$mb_ld" python3 \
+        "$root/bench/media_vs_transformers.py" --threads "$n" --reps "${MEDIA_REPS:-5}" --markbase "$markbase" --profile
+      grep -E '^(\||bf16|f32)' "$work/media-cpu-$n.log" | tee -a "$md"
+      sed -n '/^MarkBase ops/,$p' "$work/media-cpu-$n.log" | head -n 60 | tee -a "$md"
+    done
+  else
+    say "torch, torchvision or transformers missing: skipped"
+  fi
+fi
+
 # MEDIA=1: bench/media_vs_transformers.py on this GPU (E4B-size ViT and conformer against transformers, with
 # MarkBase's op table for one run of each input), when torch and transformers are installed here.
 if [[ ${MEDIA:-0} == 1 ]]; then
@@ -442,10 +501,12 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   say "## benchmarks"
   model_dir=${MODEL_DIR:-/tmp/gpu-suite-models}
   mkdir -p "$model_dir"
-  # llama.cpp's CUDA build: the binaries and their .so files, or an archive of them.
-  llama_dir=${LLAMA_CUDA_DIR:-$root/build-peer-cuda}
+  # llama.cpp's CUDA build: the binaries and their .so files, or an archive of them, or what was built above.
+  [[ -x $peer_build/build/bin/llama-bench && -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f 2>/dev/null) ]] &&
+    llama_dir=$peer_build/build
   if [[ -d $llama_dir ]] && [[ -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f) ]]; then
-    arc=$(find "$llama_dir" -maxdepth 1 -type f \( -name '*.tar' -o -name '*.tar.*' -o -name '*.tgz' \) | head -n 1)
+    arc=$(find "$llama_dir" -maxdepth 1 -type f \( -name '*.tar' -o -name '*.tar.*' -o -name '*.tgz' \) \
+          ! -name llama-src.tar.xz | head -n 1)
     if [[ -n $arc ]]; then
       mkdir -p /tmp/llama-cuda && tar -xaf "$arc" -C /tmp/llama-cuda && llama_dir=/tmp/llama-cuda
     fi

@@ -22,28 +22,66 @@
 # targets llama-bench and llama-batched-bench. nvcc compiles it on a machine without a GPU.
 # PEER_MTMD=1 also builds llama-mtmd-cli (images and audio through an mmproj GGUF: bench/media_vs_transformers.py
 # --llama-cpp DIR).
+#
+#   tools/peer/build_llama_cpp.sh --source-archive FILE.tar.xz [DIR]
+# writes the sdist's llama.cpp tree as one archive (~5 MB: no docs, model vocabularies, tests or other GPU
+# backends; its commit in PEER_COMMIT) for a machine without network to build from: PEER_SRC=FILE (an archive
+# so made, or a llama.cpp folder) builds that tree instead of the sdist's. tools/device/gpu_suite.sh builds
+# its CUDA peer so on the GPU machine, from build-peer-cuda/llama-src.tar.xz, in the call that runs the benchmarks.
 set -euo pipefail
 
+archive=""
+if [ "${1:-}" = --source-archive ]; then
+  archive=$(realpath -m "${2:?usage: $0 --source-archive FILE.tar.xz [DIR]}")
+  shift 2
+fi
 dir=${1:-/tmp/markbase-peer}
 jobs=${JOBS:-$(nproc)}
 spec=llama-cpp-python${LLAMA_CPP_PYTHON_VERSION:+==$LLAMA_CPP_PYTHON_VERSION}
 mkdir -p "$dir/src"
 
-# 1. the sdist (never a wheel), unpacked
-python3 -m pip download --no-binary :all: --no-deps "$spec" -d "$dir/src"
-sdist=$(ls -t "$dir"/src/llama_cpp_python-*.tar.gz | head -n 1)
-tar -xzf "$sdist" -C "$dir/src"
-pkg="$dir/src/$(basename "$sdist" .tar.gz)"
-src="$pkg/vendor/llama.cpp"
-test -f "$src/CMakeLists.txt" || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
+if [ -n "${PEER_SRC:-}" ]; then
+  # 1. a llama.cpp tree given as it is, or as an archive that --source-archive made
+  if [ -d "$PEER_SRC" ]; then
+    src=$(realpath "$PEER_SRC")
+  else
+    rm -rf "$dir/src/llama.cpp"
+    tar -xaf "$PEER_SRC" -C "$dir/src"
+    src="$dir/src/llama.cpp"
+  fi
+  test -f "$src/CMakeLists.txt" || { echo "no llama.cpp tree in $PEER_SRC" >&2; exit 1; }
+  commit=$(cat "$src/PEER_COMMIT" 2>/dev/null || true)
+  echo "llama.cpp from $PEER_SRC, commit ${commit:-unknown}"
+else
+  # 1. the sdist (never a wheel), unpacked
+  python3 -m pip download --no-binary :all: --no-deps "$spec" -d "$dir/src"
+  sdist=$(ls -t "$dir"/src/llama_cpp_python-*.tar.gz | head -n 1)
+  tar -xzf "$sdist" -C "$dir/src"
+  pkg="$dir/src/$(basename "$sdist" .tar.gz)"
+  src="$pkg/vendor/llama.cpp"
+  test -f "$src/CMakeLists.txt" || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
 
-# The sdist's vendor/llama.cpp is a one-commit shallow clone (so the build number reads 1);
-# the CHANGELOG names the llama.cpp commit of each release, which also covers a missing git.
-version=${pkg##*-}
-commit=$(awk -v v="## [$version]" '$0 == v {f=1; next} f && /^## \[/ {exit}
-  f && match($0, /llama\.cpp@[0-9a-f]+/) {print substr($0, RSTART + 10, RLENGTH - 10); exit}' \
-  "$pkg/CHANGELOG.md" || true)
-echo "llama-cpp-python $version, llama.cpp commit ${commit:-unknown}"
+  # The sdist's vendor/llama.cpp is a one-commit shallow clone (so the build number reads 1);
+  # the CHANGELOG names the llama.cpp commit of each release, which also covers a missing git.
+  version=${pkg##*-}
+  commit=$(awk -v v="## [$version]" '$0 == v {f=1; next} f && /^## \[/ {exit}
+    f && match($0, /llama\.cpp@[0-9a-f]+/) {print substr($0, RSTART + 10, RLENGTH - 10); exit}' \
+    "$pkg/CHANGELOG.md" || true)
+  echo "llama-cpp-python $version, llama.cpp commit ${commit:-unknown}"
+fi
+
+if [ -n "$archive" ]; then
+  # What the CPU and CUDA builds read; the other backends' folders are only entered when enabled.
+  excludes=()
+  for part in docs models tests benches tools/ui 'tools/server/public*' '.git*'; do excludes+=("--exclude=llama.cpp/$part"); done
+  for b in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
+    excludes+=("--exclude=llama.cpp/ggml/src/ggml-$b")
+  done
+  echo "${commit:-unknown}" >"$src/PEER_COMMIT"
+  tar -C "$(dirname "$src")" -cJf "$archive" "${excludes[@]}" --transform 's,^[^/]*,llama.cpp,' "$(basename "$src")"
+  ls -l "$archive"
+  exit 0
+fi
 
 # 2. configure + build (only the tools we use)
 generator=()
