@@ -848,6 +848,47 @@ TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
   });
 }
 
+// The media towers' clipped linears: the backend's own matmul_clipped (one pass before and after cuBLAS's
+// product) against the default's separate ops on the same backend, bit for bit, and against the CPU.
+TEST_F(CudaOps, ClippedMatmulIsTheClampsAroundIt) {
+  std::mt19937 rng(13);
+  const int64_t k = 256, m = 384;
+  const float inf = std::numeric_limits<float>::infinity();
+  using Act = Backend::Activation;
+  const std::vector<Backend::Clip> clips = {
+      {-inf, inf, -inf, inf}, {-0.8f, 0.9f, -1.5f, 1.25f}, {-inf, 0.5f, -0.75f, inf}, {-1.f, inf, -inf, inf}};
+  for (DType dt : {DType::BF16, DType::Q8_0, DType::F32}) guarded("matmul_clipped " + dname(dt), [&] {
+    const Weight w = random_weight(cpu(), gpu(), dt, {m, k}, rng);
+    for (int64_t n : {1, 6, 64, 300}) {
+      auto x = randn(size_t(n * k), rng);
+      x[3] = kNaN;  // a NaN goes through every clamp as the separate ops pass it
+      const auto t = randn(size_t(n * m), rng);
+      const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(gpu(), {n, k}, x);
+      const Tensor tc = upload(cpu(), {n, m}, t), tg = upload(gpu(), {n, m}, t);
+      for (const Backend::Clip& clip : clips)
+        for (Act act : {Act::None, Act::Silu, Act::GeluTanhTimes}) {
+          const Tensor* times_g = act == Act::GeluTanhTimes ? &tg : nullptr;
+          const Tensor* times_c = act == Act::GeluTanhTimes ? &tc : nullptr;
+          Tensor fused = poisoned(gpu(), {n, m}), ops = poisoned(gpu(), {n, m}), host = poisoned(cpu(), {n, m});
+          gpu().matmul_clipped(xg, w.g, clip, fused, act, times_g);
+          gpu().Backend::matmul_clipped(xg, w.g, clip, ops, act, times_g);
+          cpu().matmul_clipped(xc, w.c, clip, host, act, times_c);
+          const std::string what = mm_label("matmul_clipped", dt, n, k, m) + " clip " + std::to_string(clip.in_lo) +
+                                   ".." + std::to_string(clip.in_hi) + " act " + std::to_string(int(act));
+          const auto f = download(gpu(), fused), o = download(gpu(), ops), h = download(cpu(), host);
+          size_t differ = 0;
+          for (size_t i = 0; i < f.size(); ++i)
+            differ += std::memcmp(&f[i], &o[i], 4) != 0 && !(std::isnan(f[i]) && std::isnan(o[i]));
+          EXPECT_EQ(differ, 0u) << what << ": the fused passes differ from the separate ops";
+          // Row 0 holds the NaN (unless the input clamp's finite bound replaced it): compare the others.
+          const size_t skip = size_t(m);
+          check(what, std::vector<float>(h.begin() + skip, h.end()), std::vector<float>(f.begin() + skip, f.end()),
+                kTolMat, false);
+        }
+    }
+  });
+}
+
 // ---------------------------------------------------------------- MoE
 
 TEST_F(CudaOps, RouteTopk) {

@@ -510,6 +510,35 @@ class CudaBackend final : public Backend {
     cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_);
   }
 
+  // A media tower's clipped linear on cuBLAS's path: x clamped as it is rounded to bf16, y clamped and
+  // activated in one pass after the product (the default's five passes: copy, clamp, round, clamp,
+  // activation). Few rows (GEMV, block products) and f32 weights keep the default.
+  void matmul_clipped(const Tensor& x, const Tensor& w, const Clip& clip, Tensor& y, Activation act,
+                      const Tensor* times) override {
+    check_activation(y, act, times);
+    const GpuWeight gw = weight_of(w);
+    const int64_t n = x.rows(), k = x.cols();
+    if (n == 0 || gw.type == WType::F32 || use_mmq({gw}, n) || use_gemv({gw}, n))
+      return Backend::matmul_clipped(x, w, clip, y, act, times);
+    MB_CHECK(gw.cols == k && y.numel() == n * gw.rows, "matmul_clipped: x {} · w {}ᵀ -> y {} do not fit",
+             x.shape_str(), w.shape_str(), y.shape_str());
+    on_device(x, "matmul_clipped x");
+    on_device(y, "matmul_clipped y");
+    if (times) on_device(*times, "matmul_clipped times");
+    Tensor xb = scratch(DType::BF16, {n, k});
+    if (clip.clips_input())
+      cuda::clamp_to_bf16(x.f32(), n * k, clip.in_lo, clip.in_hi, xb.ptr<uint16_t>(), st_);
+    else
+      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    gemm(x, xb, gw, y);
+    const cuda::ClipAct a = act == Activation::Silu            ? cuda::ClipAct::Silu
+                            : act == Activation::GeluTanhTimes ? cuda::ClipAct::GeluTanhTimes
+                                                               : cuda::ClipAct::None;
+    if (clip.clips_output() || a != cuda::ClipAct::None)
+      cuda::clamp_activate(y.f32(), y.numel(), clip.clips_output(), clip.out_lo, clip.out_hi, a,
+                           times ? times->f32() : nullptr, st_);
+  }
+
   void matmul_gelu_times(const Tensor& x, const Tensor& w, const Tensor& m, Tensor& out) override {
     const GpuWeight gw = weight_of(w);
     const int64_t n = x.rows();

@@ -100,6 +100,12 @@ void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, 
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
+// A clipped linear's passes around its product: x clamped to [lo, hi] as it is rounded to bf16; y clamped
+// (where `clips`) and then activated: SiLU, or gelu_tanh(y) · times. The separate ops' expressions.
+void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st);
+enum class ClipAct { None = 0, Silu = 1, GeluTanhTimes = 2 };
+void clamp_activate(float* y, int64_t n, bool clips, float lo, float hi, ClipAct act, const float* times,
+                    cudaStream_t st);
 
 // Mixture of experts, pair p = token * k + j reading expert ids[p]:
 // h[p, rows_per_expert] = W[ids[p]] · x[p / k (x_per_pair ? p : p / k)]

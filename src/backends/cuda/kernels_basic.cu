@@ -277,6 +277,24 @@ __global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = f32_bf16(x[i]);
 }
+// The expressions of k_clamp, k_silu and k_gelu_mul in one pass, so a clipped linear's numbers are the
+// separate ops'. With no finite bound the default skips the clamp, and so does `clips` (fmaxf(NaN, -inf)
+// would turn a NaN into -inf).
+__global__ void k_clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* o) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = f32_bf16(fminf(fmaxf(x[i], lo), hi));
+}
+__global__ void k_clamp_activate(float* y, int64_t n, int clips, float lo, float hi, int act, const float* times) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = y[i];
+    if (clips) v = fminf(fmaxf(v, lo), hi);
+    if (act == 1) v = v / (1.f + expf(-v));
+    if (act == 2) v = gelu_tanh(v) * times[i];
+    y[i] = v;
+  }
+}
 
 // One warp per block of 32 activations: symmetric int8 with scale amax / 127.
 __global__ void k_quantize_x(const float* x, int64_t blocks, int8_t* q, float* d, float* s) {
@@ -602,6 +620,17 @@ void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st) {
   if (n == 0) return;
   launch_kernel(k_f32_to_bf16, grid_1d(n), 256, 0, st, x, n, out);
   check_launch("f32_to_bf16");
+}
+void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st) {
+  if (n == 0) return;
+  launch_kernel(k_clamp_to_bf16, grid_1d(n), 256, 0, st, x, n, lo, hi, out);
+  check_launch("clamp_to_bf16");
+}
+void clamp_activate(float* y, int64_t n, bool clips, float lo, float hi, ClipAct act, const float* times,
+                    cudaStream_t st) {
+  if (n == 0) return;
+  launch_kernel(k_clamp_activate, grid_1d(n), 256, 0, st, y, n, int(clips), lo, hi, int(act), times);
+  check_launch("clamp_activate");
 }
 void quantize_x(const float* x, int64_t n, int64_t k, int8_t* q, float* d, float* s, cudaStream_t st) {
   const int64_t blocks = n * k / 32;
