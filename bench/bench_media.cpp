@@ -1,7 +1,8 @@
 // The host-side half of a media item, which the GPU path runs on one thread before any kernel (the
 // media_vs_transformers.py figures include it):
 //   Media/decode_png            a 1024x768 photo-like PNG (bench/media_vs_transformers.py's input size) to RGB
-//   Media/image_preprocess      its resize to the 280-token size (bicubic, antialias) and the cut into patches
+//   Media/resize                its resize alone (bicubic, antialias), to 864x624
+//   Media/image_preprocess      its resize to the 280-token size and the cut into patches
 //   Media/audio_features        30 s of 16 kHz audio to log-mel features
 //   ./build/bench/markbase_bench --benchmark_filter=Media
 #include <benchmark/benchmark.h>
@@ -53,6 +54,12 @@ void BM_DecodePng(benchmark::State& state) {
   state.counters["MB"] = double(png.size()) / 1e6;
 }
 BENCHMARK(BM_DecodePng)->Name("Media/decode_png")->Unit(benchmark::kMillisecond);
+
+void BM_Resize(benchmark::State& state) {
+  const mb::RgbImage img = photo_like(1024, 768);
+  for (auto _ : state) benchmark::DoNotOptimize(mb::resize_bicubic_antialias(img, 864, 624).rgb.data());
+}
+BENCHMARK(BM_Resize)->Name("Media/resize")->Unit(benchmark::kMillisecond);
 
 void BM_ImagePreprocess(benchmark::State& state) {
   const mb::RgbImage img = photo_like(1024, 768);

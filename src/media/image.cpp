@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 // After <cstdio>: jpeglib.h uses FILE without including it.
 #include <jpeglib.h>
@@ -137,9 +138,10 @@ uint8_t round_fixed_point(Acc acc, unsigned precision) {
 
 // Resamples along x: rows stay, each output pixel mixes count[x] input pixels of its row.
 template <class Acc>
-void resample_horizontal(const AxisWeights& ax, const uint8_t* in, int in_w, int h, uint8_t* out, int out_w) {
+void resample_horizontal(const AxisWeights& ax, const uint8_t* in, int in_w, int64_t y0, int64_t y1, uint8_t* out,
+                         int out_w) {
   const Acc half = Acc(1) << (ax.precision - 1);
-  for (int y = 0; y < h; ++y) {
+  for (int64_t y = y0; y < y1; ++y) {
     const uint8_t* row = in + size_t(y) * size_t(in_w) * 3;
     uint8_t* dst = out + size_t(y) * size_t(out_w) * 3;
     for (int x = 0; x < out_w; ++x) {
@@ -160,11 +162,11 @@ void resample_horizontal(const AxisWeights& ax, const uint8_t* in, int in_w, int
 
 // Resamples along y: each output row mixes count[y] input rows.
 template <class Acc>
-void resample_vertical(const AxisWeights& ax, const uint8_t* in, int w, uint8_t* out, int out_h) {
+void resample_vertical(const AxisWeights& ax, const uint8_t* in, int w, uint8_t* out, int64_t y0, int64_t y1) {
   const size_t stride = size_t(w) * 3;
   std::vector<Acc> acc(stride);
   const Acc half = Acc(1) << (ax.precision - 1);
-  for (int y = 0; y < out_h; ++y) {
+  for (int64_t y = y0; y < y1; ++y) {
     std::fill(acc.begin(), acc.end(), half);
     const int16_t* k = &ax.weights[size_t(y) * size_t(ax.taps)];
     for (int64_t j = 0; j < ax.count[size_t(y)]; ++j) {
@@ -573,24 +575,31 @@ RgbImage resize_bicubic_antialias(const RgbImage& src, int out_w, int out_h) {
                int64_t(out_w) * src.height <= kMaxImagePixels,
            "resize: {}x{} to {}x{} is out of range", src.width, src.height, out_w, out_h);
   // Like torch: horizontal pass first (rounded to uint8), then vertical; an unchanged axis is skipped.
+  // Rows are independent in each pass: the pool's threads take runs of them (same integers).
   RgbImage out{out_w, out_h, {}};
   std::vector<uint8_t> horizontal;
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max(out_w, 1));
   if (out_w != src.width) {
     const AxisWeights ax = axis_weights(src.width, out_w);
     horizontal.resize(size_t(out_w) * size_t(src.height) * 3);
-    if (ax.sums_fit_int32)
-      resample_horizontal<int32_t>(ax, src.rgb.data(), src.width, src.height, horizontal.data(), out_w);
-    else
-      resample_horizontal<int64_t>(ax, src.rgb.data(), src.width, src.height, horizontal.data(), out_w);
+    pool.parallel_for(src.height, grain, [&](int64_t b, int64_t e) {
+      if (ax.sums_fit_int32)
+        resample_horizontal<int32_t>(ax, src.rgb.data(), src.width, b, e, horizontal.data(), out_w);
+      else
+        resample_horizontal<int64_t>(ax, src.rgb.data(), src.width, b, e, horizontal.data(), out_w);
+    });
   }
   const uint8_t* rows = out_w != src.width ? horizontal.data() : src.rgb.data();
   if (out_h != src.height) {
     const AxisWeights ax = axis_weights(src.height, out_h);
     out.rgb.resize(size_t(out_w) * size_t(out_h) * 3);
-    if (ax.sums_fit_int32)
-      resample_vertical<int32_t>(ax, rows, out_w, out.rgb.data(), out_h);
-    else
-      resample_vertical<int64_t>(ax, rows, out_w, out.rgb.data(), out_h);
+    pool.parallel_for(out_h, grain, [&](int64_t b, int64_t e) {
+      if (ax.sums_fit_int32)
+        resample_vertical<int32_t>(ax, rows, out_w, out.rgb.data(), b, e);
+      else
+        resample_vertical<int64_t>(ax, rows, out_w, out.rgb.data(), b, e);
+    });
   } else {
     out.rgb = out_w != src.width ? std::move(horizontal) : src.rgb;
   }
