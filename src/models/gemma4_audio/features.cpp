@@ -13,6 +13,7 @@
 #include <fftw3.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -21,6 +22,7 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace mb::gemma4_audio {
 
@@ -331,43 +333,52 @@ AudioFeatures extract_features(std::span<const float> mono, const AudioFeatureCo
   const std::vector<MelFilter> filters = htk_mel_filters(c);
   const int n_bins = c.fft_length / 2 + 1;
   const fftw_plan plan = r2c_plan(c.fft_length);
-  std::unique_ptr<double, FftwFree> in(fftw_alloc_real(size_t(c.fft_length)));
-  std::unique_ptr<fftw_complex, FftwFree> spectrum(fftw_alloc_complex(size_t(n_bins)));
-  MB_CHECK(in && spectrum, "audio features: cannot allocate FFT buffers");
-  std::vector<float> frame(size_t(c.frame_length));
-  std::vector<float> magnitude(static_cast<size_t>(n_bins));
   const float pre = float(c.preemphasis), first_gain = float(1.0 - c.preemphasis);
   const size_t n = size_t(c.frame_length);
 
-  for (size_t t = 0; t < l.frames; ++t) {
-    const float* raw = x.data() + t * size_t(c.hop_length);  // frame_length + 1 samples
-    if (c.preemphasis == 0.0) {
-      std::copy(raw, raw + n, frame.begin());
-    } else if (c.preemphasis_htk_flavor) {
-      frame[0] = raw[0] * first_gain;
-      for (size_t i = 1; i < n; ++i) frame[i] = raw[i] - pre * raw[i - 1];
-    } else {
-      for (size_t i = 0; i < n; ++i) frame[i] = raw[i + 1] - pre * raw[i];
+  // Frames are independent: runs of them on the pool's threads, each with its own buffers (FFTW's
+  // new-array execute is thread-safe; the plan was made above, under r2c_plan's lock).
+  std::atomic<bool> no_memory{false};
+  ThreadPool::global().parallel_for(int64_t(l.frames), 64, [&](int64_t t0, int64_t t1) {
+    std::unique_ptr<double, FftwFree> in(fftw_alloc_real(size_t(c.fft_length)));
+    std::unique_ptr<fftw_complex, FftwFree> spectrum(fftw_alloc_complex(size_t(n_bins)));
+    if (!in || !spectrum) {
+      no_memory = true;
+      return;
     }
-    double* padded = in.get();  // rfft(n=fft_length) zero-pads the windowed float32 frame
-    for (size_t i = 0; i < n; ++i) padded[i] = double(frame[i] * window[i]);
-    std::fill(padded + n, padded + c.fft_length, 0.0);
-    fftw_execute_dft_r2c(plan, padded, spectrum.get());
-    for (int k = 0; k < n_bins; ++k)
-      magnitude[size_t(k)] = numpy_complex64_abs(float(spectrum.get()[k][0]), float(spectrum.get()[k][1]));
+    std::vector<float> frame(size_t(c.frame_length));
+    std::vector<float> magnitude(static_cast<size_t>(n_bins));
+    for (size_t t = size_t(t0); t < size_t(t1); ++t) {
+      const float* raw = x.data() + t * size_t(c.hop_length);  // frame_length + 1 samples
+      if (c.preemphasis == 0.0) {
+        std::copy(raw, raw + n, frame.begin());
+      } else if (c.preemphasis_htk_flavor) {
+        frame[0] = raw[0] * first_gain;
+        for (size_t i = 1; i < n; ++i) frame[i] = raw[i] - pre * raw[i - 1];
+      } else {
+        for (size_t i = 0; i < n; ++i) frame[i] = raw[i + 1] - pre * raw[i];
+      }
+      double* padded = in.get();  // rfft(n=fft_length) zero-pads the windowed float32 frame
+      for (size_t i = 0; i < n; ++i) padded[i] = double(frame[i] * window[i]);
+      std::fill(padded + n, padded + c.fft_length, 0.0);
+      fftw_execute_dft_r2c(plan, padded, spectrum.get());
+      for (int k = 0; k < n_bins; ++k)
+        magnitude[size_t(k)] = numpy_complex64_abs(float(spectrum.get()[k][0]), float(spectrum.get()[k][1]));
 
-    const float valid = out.valid[t] ? 1.0f : 0.0f;
-    float* row = out.mel.data() + t * size_t(c.feature_size);
-    for (size_t j = 0; j < filters.size(); ++j) {
-      double energy = 0.0;
-      const MelFilter& f = filters[j];
-      for (size_t k = 0; k < f.weights.size(); ++k) energy += double(magnitude[f.first + k]) * f.weights[k];
-      double v = std::log(energy + c.mel_floor);
-      if (!c.per_bin_mean.empty()) v -= c.per_bin_mean[j];
-      if (!c.per_bin_stddev.empty()) v /= c.per_bin_stddev[j];
-      row[j] = float(v) * valid;  // HF multiplies by the mask (so invalid frames of negative values are -0.0)
+      const float valid = out.valid[t] ? 1.0f : 0.0f;
+      float* row = out.mel.data() + t * size_t(c.feature_size);
+      for (size_t j = 0; j < filters.size(); ++j) {
+        double energy = 0.0;
+        const MelFilter& f = filters[j];
+        for (size_t k = 0; k < f.weights.size(); ++k) energy += double(magnitude[f.first + k]) * f.weights[k];
+        double v = std::log(energy + c.mel_floor);
+        if (!c.per_bin_mean.empty()) v -= c.per_bin_mean[j];
+        if (!c.per_bin_stddev.empty()) v /= c.per_bin_stddev[j];
+        row[j] = float(v) * valid;  // HF multiplies by the mask (so invalid frames of negative values are -0.0)
+      }
     }
-  }
+  });
+  MB_CHECK(!no_memory, "audio features: cannot allocate FFT buffers");
   return out;
 }
 
