@@ -371,15 +371,48 @@ void matmul_bf16_products(const Bf16GemmKernels& G, const MatArgs& a) {
   pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (G.tile_tokens * a.k)),
                     [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
   const int64_t step = G.row_step, threads = pool.size();
-  int64_t blk = G.task_rows(a.k);
-  if (ceil_div(a.m, blk) < 2 * threads)
-    blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
-  const int64_t tasks = ceil_div(a.m, blk);
+  int64_t blk = G.task_rows(a.k), tok_blk = a.n;
+  if (ceil_div(a.m, blk) < 2 * threads) {
+    // Too few row chunks for the threads. Thinner chunks would each stream every token's packed
+    // activations (a ViT's 768 rows on 16 threads: 24 tasks of 32 rows, each reading all 2,520
+    // tokens), so tokens are split too, into runs of whole token-tile pairs, while each run keeps
+    // at least 64 tokens: a task's activations and its weight chunk then fit in L2.
+    const int64_t row_tasks = ceil_div(a.m, blk), pair = 2 * int64_t(G.tile_tokens);
+    const int64_t tok_tasks = std::min(ceil_div(2 * threads, row_tasks), std::max<int64_t>(1, a.n / 64));
+    if (tok_tasks > 1) {
+      blk = ceil_div(ceil_div(a.m, row_tasks), step) * step;  // the row chunks evened out
+      tok_blk = ceil_div(ceil_div(a.n, tok_tasks), pair) * pair;
+      // Runs are whole pairs of token tiles: shorten them while that leaves threads without a task.
+      while (ceil_div(a.n, tok_blk) * row_tasks < 2 * threads && tok_blk - pair >= std::max<int64_t>(64, pair))
+        tok_blk -= pair;
+    } else {
+      blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
+    }
+  }
+  // Task i: row chunk i / tok_tasks, token run i % tok_tasks (a thread's consecutive tasks share a chunk).
+  const int64_t row_tasks = ceil_div(a.m, blk), tok_tasks = ceil_div(a.n, tok_blk), tasks = row_tasks * tok_tasks;
+  const size_t tile_bytes = G.xp_bytes(G.tile_tokens, a.k);
   const double flops = 2.0 * double(a.n) * double(a.k) * double(a.m);
   pool.parallel_for(tasks, flops < 4e6 ? tasks : 1, [&](int64_t b, int64_t e) {
     thread_local Scratch buf;
-    void* scratch = buf.bytes(G.scratch_bytes(a.n, a.k));
-    G.gemm(a, xp, b * blk, std::min(a.m, e * blk), scratch);
+    void* scratch = buf.bytes(G.scratch_bytes(std::min(a.n, tok_blk), a.k));
+    for (int64_t i = b; i < e;) {
+      const int64_t r = i / tok_tasks, t0 = (i % tok_tasks) * tok_blk;
+      if (tok_tasks == 1) {  // runs of whole chunks in one call
+        const int64_t r_end = std::min(e, row_tasks);
+        G.gemm(a, xp, r * blk, std::min(a.m, r_end * blk), scratch);
+        i = r_end;
+        continue;
+      }
+      // The token run as a problem of its own: the packed activations are whole tiles of tile_bytes.
+      MatArgs run = a;
+      run.n = std::min(a.n - t0, tok_blk);
+      run.y = a.y + t0 * a.ldy;
+      if (a.times) run.times = a.times + t0 * a.ldy;
+      const uint16_t* run_xp = xp + size_t(t0 / G.tile_tokens) * tile_bytes / 2;
+      G.gemm(run, run_xp, r * blk, std::min(a.m, (r + 1) * blk), scratch);
+      ++i;
+    }
   });
 }
 
