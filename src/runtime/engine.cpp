@@ -81,9 +81,16 @@ class LocalEngine final : public Engine {
     std::vector<float> logits;
     std::vector<int32_t> prompt(tokens.begin(), tokens.end());
     std::vector<mb::MediaSpan> spans = place_media(prompt, media);
-    MB_CHECK(int64_t(prompt.size()) == int64_t(tokens.size()),
-             "logits: the media's soft tokens do not fill the placeholder runs of the given ids exactly (give one run "
-             "of each media's soft-token count)");
+    if (prompt.size() != tokens.size()) {
+      // A single placeholder was expanded (what generate wants), but logits writes a row per given id.
+      std::string runs;
+      for (const mb::MediaSpan& s : spans) runs += (runs.empty() ? "" : ", ") + std::to_string(s.count);
+      MB_CHECK(false,
+               "logits: the media's soft tokens do not fill the placeholder runs of the given ids ({} ids, {} with "
+               "the media expanded): logits writes one row per given id, so give each placeholder run at its full "
+               "length (soft tokens, in order: {}), with the begin/end tokens around it",
+               tokens.size(), prompt.size(), runs);
+    }
     run(std::move(prompt), o, std::move(spans), [&](mb::StreamEvent& e) {
       if (!e.prompt_logits.empty()) logits = std::move(e.prompt_logits);
       return true;
