@@ -322,9 +322,10 @@ mbrun "$markbase" --version 2>&1 | head -n 1 | sed 's/^/markbase: /' | tee -a "$
 # /tmp (a warm machine's next call finds it there); waited for before anything is timed.
 llama_dir=${LLAMA_CUDA_DIR:-$root/build-peer-cuda}
 peer_build=/tmp/markbase-peer-cuda
+has_llama_bench() { [[ -n $(find "$1" -maxdepth 2 -name llama-bench -type f 2>/dev/null) ]]; }
 peer_pid=""
-if [[ ${SKIP_PEER_BUILD:-0} != 1 && -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f 2>/dev/null) &&
-      ! -x $peer_build/build/bin/llama-bench && -f $llama_dir/llama-src.tar.xz ]]; then
+if [[ ${SKIP_PEER_BUILD:-0} != 1 ]] && ! has_llama_bench "$llama_dir" &&
+    [[ ! -x $peer_build/build/bin/llama-bench && -f $llama_dir/llama-src.tar.xz ]]; then
   say "llama.cpp: building its CUDA peer from $llama_dir/llama-src.tar.xz ($(nproc) jobs, beside the tests)"
   (
     s=$SECONDS
@@ -502,9 +503,8 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   model_dir=${MODEL_DIR:-/tmp/gpu-suite-models}
   mkdir -p "$model_dir"
   # llama.cpp's CUDA build: the binaries and their .so files, or an archive of them, or what was built above.
-  [[ -x $peer_build/build/bin/llama-bench && -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f 2>/dev/null) ]] &&
-    llama_dir=$peer_build/build
-  if [[ -d $llama_dir ]] && [[ -z $(find "$llama_dir" -maxdepth 2 -name llama-bench -type f) ]]; then
+  [[ -x $peer_build/build/bin/llama-bench ]] && ! has_llama_bench "$llama_dir" && llama_dir=$peer_build/build
+  if [[ -d $llama_dir ]] && ! has_llama_bench "$llama_dir"; then
     arc=$(find "$llama_dir" -maxdepth 1 -type f \( -name '*.tar' -o -name '*.tar.*' -o -name '*.tgz' \) \
           ! -name llama-src.tar.xz | head -n 1)
     if [[ -n $arc ]]; then

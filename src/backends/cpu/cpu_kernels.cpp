@@ -377,13 +377,13 @@ void matmul_bf16_products(const Bf16GemmKernels& G, const MatArgs& a) {
     // activations (a ViT's 768 rows on 16 threads: 24 tasks of 32 rows, each reading all 2,520
     // tokens), so tokens are split too, into runs of whole token-tile pairs, while each run keeps
     // at least 64 tokens: a task's activations and its weight chunk then fit in L2.
-    const int64_t row_tasks = ceil_div(a.m, blk), pair = 2 * int64_t(G.tile_tokens);
-    const int64_t tok_tasks = std::min(ceil_div(2 * threads, row_tasks), std::max<int64_t>(1, a.n / 64));
-    if (tok_tasks > 1) {
-      blk = ceil_div(ceil_div(a.m, row_tasks), step) * step;  // the row chunks evened out
-      tok_blk = ceil_div(ceil_div(a.n, tok_tasks), pair) * pair;
+    const int64_t chunks = ceil_div(a.m, blk), pair = 2 * int64_t(G.tile_tokens);
+    const int64_t runs = std::min(ceil_div(2 * threads, chunks), std::max<int64_t>(1, a.n / 64));
+    if (runs > 1) {
+      blk = ceil_div(ceil_div(a.m, chunks), step) * step;  // the row chunks evened out
+      tok_blk = ceil_div(ceil_div(a.n, runs), pair) * pair;
       // Runs are whole pairs of token tiles: shorten them while that leaves threads without a task.
-      while (ceil_div(a.n, tok_blk) * row_tasks < 2 * threads && tok_blk - pair >= std::max<int64_t>(64, pair))
+      while (ceil_div(a.n, tok_blk) * chunks < 2 * threads && tok_blk - pair >= std::max<int64_t>(64, pair))
         tok_blk -= pair;
     } else {
       blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);

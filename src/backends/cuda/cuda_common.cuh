@@ -59,6 +59,10 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
 }
 __device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+// The clamp and SiLU of the clamp/silu ops and of a clipped linear's fused passes (one expression, the same bits).
+__device__ __forceinline__ float clamp_f(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi), as torch's gelu(approximate="tanh")
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));

@@ -191,7 +191,7 @@ __global__ void k_gather_sum_rows(const float* src, int64_t cols, const int32_t*
 __global__ void k_silu(float* x, int64_t n) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = x[i] / (1.f + expf(-x[i]));
+    x[i] = silu_f(x[i]);
 }
 // One block per row: the mean, then the variance around it (two passes over the row, as the host's).
 __global__ void k_layer_norm(const float* x, const float* w, const float* b, float eps, int relu, int64_t cols,
@@ -258,7 +258,7 @@ __global__ void k_softcap(float* x, int64_t n, float cap) {
 __global__ void k_clamp(float* x, int64_t n, float lo, float hi) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = fminf(fmaxf(x[i], lo), hi);
+    x[i] = clamp_f(x[i], lo, hi);
 }
 __global__ void k_slice_cols(const float* src, int64_t rows, int64_t cols, int64_t begin, int64_t w, float* dst) {
   pdl_begin();
@@ -277,20 +277,20 @@ __global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = f32_bf16(x[i]);
 }
-// The expressions of k_clamp, k_silu and k_gelu_mul in one pass, so a clipped linear's numbers are the
+// k_clamp, k_silu and k_gelu_mul in one pass (their device functions), so a clipped linear's numbers are the
 // separate ops'. With no finite bound the default skips the clamp, and so does `clips` (fmaxf(NaN, -inf)
 // would turn a NaN into -inf).
 __global__ void k_clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* o) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = f32_bf16(fminf(fmaxf(x[i], lo), hi));
+    o[i] = f32_bf16(clamp_f(x[i], lo, hi));
 }
 __global__ void k_clamp_activate(float* y, int64_t n, int clips, float lo, float hi, int act, const float* times) {
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float v = y[i];
-    if (clips) v = fminf(fmaxf(v, lo), hi);
-    if (act == 1) v = v / (1.f + expf(-v));
+    if (clips) v = clamp_f(v, lo, hi);
+    if (act == 1) v = silu_f(v);
     if (act == 2) v = gelu_tanh(v) * times[i];
     y[i] = v;
   }
