@@ -11,6 +11,8 @@
 //                                  AMX tiles, or VDPBF16PS with AMX off (where the CPU runs it,
 //                                  which the engine takes only where it is fast); .../vit<m>x<k>: an
 //                                  E4B image's ViT matmuls, 2520 patches
+//   GemmCold/rounded-<kernel>/...  the ViT's and an E4B clip's conformer matmuls (750 frames) with
+//                                  weights rotated through 1 GiB, cold as a model's layers are
 //   Attention/<isa>/...            one layer's attention, 8 query heads on 1 KV head of 256 dims
 //                                  (vision2520: an image's 2520 patches, 12 heads of 64; rounded-<kernel>:
 //                                  on the rounded bf16 products, cpu::attention_whole_rounded)
@@ -383,6 +385,19 @@ bool register_all() {
                                        Matmul(s, isa, DType::BF16, 2520, m, k, false, true, mb::cpu::Bf16Products::Rounded);
                                      })
             ->UseRealTime()->Unit(benchmark::kMillisecond);
+    // The same and an E4B clip's conformer matmuls (750 frames) with weights rotated through 1 GiB, cold in
+    // every cache as a model's layers are.
+    if (isa == Isa::Avx512 && mb::cpu::rounded_bf16_matmul_kernel()) {
+      struct S { const char* name; int64_t n, m, k; };
+      for (S c : {S{"vit", 2520, 768, 768}, S{"vit", 2520, 3072, 768}, S{"vit", 2520, 768, 3072}, S{"conformer", 750, 1024, 1024},
+                  S{"conformer", 750, 4096, 1024}, S{"conformer", 750, 1024, 4096}})
+        benchmark::RegisterBenchmark(("GemmCold/rounded-" + std::string(mb::cpu::rounded_bf16_matmul_kernel()) + "/BF16/" +
+                                      c.name + std::to_string(c.m) + "x" + std::to_string(c.k)).c_str(),
+                                     [=](benchmark::State& s) {
+                                       Matmul(s, isa, DType::BF16, c.n, c.m, c.k, true, true, mb::cpu::Bf16Products::Rounded);
+                                     })
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
     struct A { const char* name; int64_t n, ctx; int window; };
     for (A c : {A{"decode_ctx64", 1, 64, 0}, A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},
                 A{"prefill512", 512, 512, 0}, A{"prefill512_ring512", 512, 1024, 512}})

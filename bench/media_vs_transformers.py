@@ -15,7 +15,8 @@ encoder alone, after its own preprocessing), median of --reps runs.
 Measured per item, median of --reps: transformers' processor + get_image_features / get_audio_features
 (torch.inference_mode, torch.set_num_threads(N)), and MarkBase's time to the first token of
 `markbase generate --image/--audio` (decoding, preprocessing, encoding and the two-layer prefill,
-so MarkBase's figure is the larger share of work). Inputs: a 1024x768 photo-like PNG (280 soft
+so MarkBase's figure is the larger share of work; on the CPU the table also gives MarkBase's encoding alone: that
+figure less the same prompt's text alone, as many text tokens without media, median of --reps). Inputs: a 1024x768 photo-like PNG (280 soft
 tokens, 2520 patches) and 30 s of 16 kHz speech-like audio (750 soft tokens).
 """
 import argparse
@@ -131,9 +132,15 @@ def main():
     print(f"{args.dtype}, {args.device} ({where}), {args.reps} reps, transformers {transformers.__version__}, torch {torch.__version__}")
     peer = llama_cpp_mtmd(args, work) if args.llama_cpp else None
     exact_col = args.device == "cpu"  # --exact-media: the towers' bf16 matmuls f32-accurate (CPU only)
-    print("| input | MarkBase s | transformers s | speed-up |" + (" MarkBase --exact-media s |" if exact_col else "") +
-          (" llama.cpp mtmd s | vs llama.cpp |" if peer else ""))
-    print("|---|---|---|---|" + ("---|" if exact_col else "") + ("---|---|" if peer else ""))
+    # On the CPU MarkBase's figure is a whole prompt: decoding, preprocessing, encoding and the two-layer prefill of the
+    # prompt's tokens, which transformers' figure leaves out. The encoding column takes the same prompt's text alone (as
+    # many text tokens, no media) off it: the share transformers' figure measures.
+    enc_col = args.device == "cpu"
+    print("| input | MarkBase s | transformers s | speed-up |" +
+          (" MarkBase encoding s | encoding speed-up |" if enc_col else "") +
+          (" MarkBase --exact-media s |" if exact_col else "") + (" llama.cpp mtmd s | vs llama.cpp |" if peer else ""))
+    print("|---|---|---|---|" + ("---|---|" if enc_col else "") + ("---|" if exact_col else "") +
+          ("---|---|" if peer else ""))
     # More images (other pixels, same size) and clips: on the GPU MarkBase's figure is the time each of EXTRA more
     # items adds to a prompt (its first item pays for the process's first kernel launches and cuBLAS plans, which
     # transformers' warm-up call leaves out; one more item alone was within the runs' noise for a 30 s clip).
@@ -145,25 +152,35 @@ def main():
         more[audio].append(os.path.join(work, f"speech{i + 2}.wav"))
         mm.write_wav16(more[audio][-1], mm.synthetic_speech(30.0, 6 + i), 16000)
 
-    def markbase_prompt_s(items, flags=()):
+    def markbase_prompt(items, flags=(), tokens=None):
+        """(seconds, prompt tokens) of one `markbase generate` run: media items, or `tokens` text tokens alone."""
+        ids = ["10"] * (len(items) if tokens is None else tokens - 1)
         cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
-               args.device, "--tokens", "2," + ",".join(["10"] * len(items)), *flags]
+               args.device, "--tokens", ",".join(["2"] + ids), *flags]
         for flag, path in items:
             cmd += [flag, path]
         out = subprocess.run(cmd, capture_output=True, text=True)
-        m = re.search(r"prompt \d+ tokens in ([0-9.]+) s", out.stderr)
+        m = re.search(r"prompt (\d+) tokens in ([0-9.]+) s", out.stderr)
         if out.returncode != 0 or not m:
             sys.exit(f"markbase failed:\n{out.stderr}")
-        return float(m.group(1))
+        return float(m.group(2)), int(m.group(1))
+
+    def markbase_prompt_s(items, flags=()):
+        return markbase_prompt(items, flags)[0]
 
     for name, hf_s, flag, path in rows:
-        one = statistics.median(markbase_prompt_s([(flag, path)]) for _ in range(args.reps))
+        runs = [markbase_prompt([(flag, path)]) for _ in range(args.reps)]
+        one = statistics.median(r[0] for r in runs)
         if args.device == "cuda":
             items = [(flag, path)] + [(flag, p) for p in more[path]]
             mb_s = (statistics.median(markbase_prompt_s(items) for _ in range(args.reps)) - one) / extra
         else:
             mb_s = one
         line = f"| {name} | {mb_s:.3f} | {hf_s:.3f} | {hf_s / mb_s:.2f}x |"
+        if enc_col:
+            text_s = statistics.median(markbase_prompt([], tokens=runs[0][1])[0] for _ in range(args.reps))
+            enc_s = one - text_s
+            line += f" {enc_s:.3f} | {hf_s / enc_s:.2f}x |"
         if exact_col:
             exact_s = statistics.median(markbase_prompt_s([(flag, path)], ["--exact-media"]) for _ in range(args.reps))
             line += f" {exact_s:.3f} |"
