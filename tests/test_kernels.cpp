@@ -407,52 +407,6 @@ TEST(RoundedBf16Matmul, TheRoundedProductsWithTokenRowAndKTails) {
   }
 }
 
-// The split of a product into tasks: whole row steps (at most max_rows) by whole token pairs (or every
-// token), covering the product, and on 16 threads the ViT's and the conformer's products take one round
-// of tasks (36 tasks, three rounds of 16 for 2.25 rounds' work, left a quarter of the cores idle).
-TEST(RoundedBf16Matmul, ProductSplitsAreWholeStepsAndPairsInFullRounds) {
-  struct Case { int64_t m, n, max_rows; };
-  for (Case c : {Case{768, 2520, 512}, Case{3072, 2520, 512}, Case{768, 2520, 256}, Case{1024, 750, 384},
-                 Case{4096, 750, 384}, Case{1024, 750, 256}, Case{2048, 750, 384}, Case{10240, 512, 288},
-                 Case{2560, 32, 288}, Case{32, 5, 512}, Case{17, 100, 512}, Case{5000, 3, 32}})
-    for (int64_t threads : {1, 2, 3, 7, 16, 64}) {
-      const auto s = mb::cpu::split_products(c.m, c.n, threads, c.max_rows, 32, 32);
-      SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << " on " << threads << " threads: " << s.rows << " rows x "
-                                        << s.tokens << " tokens");
-      EXPECT_EQ(s.rows % 32, 0);
-      EXPECT_LE(s.rows, c.max_rows);
-      EXPECT_TRUE(s.tokens == c.n || (s.tokens % 32 == 0 && s.tokens >= 64 && s.tokens < c.n));
-      const int64_t tasks = ((c.m + s.rows - 1) / s.rows) * ((c.n + s.tokens - 1) / s.tokens);
-      if (threads == 16 && c.n >= 512 && c.m <= 4096) {
-        EXPECT_EQ(tasks, 16);
-      }
-    }
-}
-
-// The same bits on any number of threads (the split moves whole rows and tokens between tasks, never k).
-TEST(RoundedBf16Matmul, SameBitsOnAnyThreadCount) {
-  const auto kernels = rounded_kernels();
-  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
-  std::mt19937 rng(23);
-  for (const Shape& c : {Shape{750, 1024, 1024}, Shape{300, 768, 2048}, Shape{200, 4096, 256}}) {
-    auto x = randn(size_t(c.n * c.k), rng);
-    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
-    for (const auto& [name, amx] : kernels) {
-      RoundedScope scope(amx);
-      mb::ThreadPool::set_global_threads(1);
-      const auto one = run_rounded(c, x, c.k, w, c.m);
-      for (int threads : {2, 5, 16}) {
-        mb::ThreadPool::set_global_threads(threads);
-        const auto many = run_rounded(c, x, c.k, w, c.m);
-        for (size_t i = 0; i < one.size(); ++i)
-          ASSERT_TRUE(same_bits(one[i], many[i])) << name << " " << c.n << "x" << c.k << "x" << c.m << " on " << threads
-                                                  << " threads at " << i;
-      }
-    }
-    mb::ThreadPool::set_global_threads(0);
-  }
-}
-
 TEST(RoundedBf16Matmul, ExtremeMagnitudesStayFinite) {
   const auto kernels = rounded_kernels();
   if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";

@@ -361,51 +361,6 @@ DequantFn dequant_fn(DType t) {
   }
 }
 
-}  // namespace
-
-// Every task is a whole number of row steps by a whole number of token pairs; the threads take them
-// in turn, so a product takes ceil(tasks / threads) tasks' time. Counts that just miss a multiple
-// of the threads cost a whole extra round (36 tasks on 16 threads: 3 rounds where 2.25 was the
-// work, 75% of the cores busy), so the split is chosen by that time, not by a task count alone.
-ProductSplit split_products(int64_t m, int64_t n, int64_t threads, int64_t max_rows, int64_t step, int64_t pair) {
-  auto round_up = [](int64_t x, int64_t r) { return ceil_div(x, r) * r; };
-  max_rows = std::max(step, max_rows / step * step);
-  const int64_t min_chunks = ceil_div(m, max_rows);
-  ProductSplit best{max_rows, n};
-  if (threads <= 1) return best;
-  if (min_chunks >= 2 * threads) {
-    // Many row chunks: the fewest rounds' worth of equal chunks, every token in each.
-    const int64_t rows = round_up(ceil_div(m, ceil_div(min_chunks, threads) * threads), step);
-    return {std::max(step, std::min(max_rows, rows)), n};
-  }
-  // Few row chunks: tokens are split too (a thinner chunk would stream every token's activations
-  // again; a ViT's 768 rows on 16 threads were 24 tasks of 32 rows each reading 2,520 tokens), in
-  // runs of whole token-pair tiles of at least 64 tokens, so a task's weights and activations fit L2.
-  // A task's time is its products plus its reads, each of its rows' weights and its tokens'
-  // activations once (weighted as 16 products a byte pair: L3 against the tile units); among
-  // splits of equal time, the least traffic.
-  const int64_t max_runs = std::max<int64_t>(1, std::min(n / 64, 4 * threads));
-  int64_t best_time = -1, best_traffic = 0;
-  for (int64_t chunks = min_chunks; chunks <= std::max(min_chunks, 4 * threads); ++chunks) {
-    const int64_t rows = round_up(ceil_div(m, chunks), step);
-    if (rows > max_rows || (chunks > min_chunks && ceil_div(m, rows) != chunks)) continue;
-    for (int64_t runs = 1; runs <= max_runs; ++runs) {
-      const int64_t tokens = runs == 1 ? n : round_up(ceil_div(n, runs), pair);
-      if (runs > 1 && ceil_div(n, tokens) != runs) continue;
-      const int64_t tasks = chunks * runs;
-      const int64_t traffic = tasks * (rows + tokens), time = ceil_div(tasks, threads) * (rows * tokens + 16 * (rows + tokens));
-      if (best_time < 0 || time < best_time || (time == best_time && traffic < best_traffic)) {
-        best_time = time;
-        best_traffic = traffic;
-        best = {rows, tokens};
-      }
-    }
-  }
-  return best;
-}
-
-namespace {
-
 // bf16 weights times many tokens on bf16 products (bf16_gemm.h says why): the activations are
 // split or rounded and packed once, then tasks of whole row steps run over every token.
 void matmul_bf16_products(const Bf16GemmKernels& G, const MatArgs& a) {
@@ -415,8 +370,25 @@ void matmul_bf16_products(const Bf16GemmKernels& G, const MatArgs& a) {
   const int64_t tiles = ceil_div(a.n, G.tile_tokens);
   pool.parallel_for(tiles, std::max<int64_t>(1, (int64_t(1) << 15) / (G.tile_tokens * a.k)),
                     [&](int64_t b, int64_t e) { G.pack_x(a, xp, b, e); });
-  const ProductSplit split = split_products(a.m, a.n, pool.size(), G.task_rows(a.k), G.row_step, 2 * G.tile_tokens);
-  const int64_t blk = split.rows, tok_blk = split.tokens;
+  const int64_t step = G.row_step, threads = pool.size();
+  int64_t blk = G.task_rows(a.k), tok_blk = a.n;
+  if (ceil_div(a.m, blk) < 2 * threads) {
+    // Too few row chunks for the threads. Thinner chunks would each stream every token's packed
+    // activations (a ViT's 768 rows on 16 threads: 24 tasks of 32 rows, each reading all 2,520
+    // tokens), so tokens are split too, into runs of whole token-tile pairs, while each run keeps
+    // at least 64 tokens: a task's activations and its weight chunk then fit in L2.
+    const int64_t chunks = ceil_div(a.m, blk), pair = 2 * int64_t(G.tile_tokens);
+    const int64_t runs = std::min(ceil_div(2 * threads, chunks), std::max<int64_t>(1, a.n / 64));
+    if (runs > 1) {
+      blk = ceil_div(ceil_div(a.m, chunks), step) * step;  // the row chunks evened out
+      tok_blk = ceil_div(ceil_div(a.n, runs), pair) * pair;
+      // Runs are whole pairs of token tiles: shorten them while that leaves threads without a task.
+      while (ceil_div(a.n, tok_blk) * chunks < 2 * threads && tok_blk - pair >= std::max<int64_t>(64, pair))
+        tok_blk -= pair;
+    } else {
+      blk = std::max<int64_t>(step, ceil_div(ceil_div(a.m, 2 * threads), step) * step);
+    }
+  }
   // Task i: row chunk i / tok_tasks, token run i % tok_tasks (a thread's consecutive tasks share a chunk).
   const int64_t row_tasks = ceil_div(a.m, blk), tok_tasks = ceil_div(a.n, tok_blk), tasks = row_tasks * tok_tasks;
   const size_t tile_bytes = G.xp_bytes(G.tile_tokens, a.k);

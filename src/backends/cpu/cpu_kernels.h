@@ -95,12 +95,6 @@ const char* rounded_bf16_matmul_kernel();
 // and the CPU has AVX512-BF16; on by default only where VDPBF16PS outruns the f32 FMAs (AMD).
 // Returns the previous value. Not for use while kernels run on other threads.
 bool set_avx512_bf16_matmul(bool on);
-// How the bf16 products of m weight rows by n tokens are cut into tasks for `threads` threads: `rows`
-// weight rows (a multiple of step, at most max_rows) by `tokens` tokens (n, or a multiple of pair).
-struct ProductSplit {
-  int64_t rows, tokens;
-};
-ProductSplit split_products(int64_t m, int64_t n, int64_t threads, int64_t max_rows, int64_t step, int64_t pair);
 bool matmul_blocks_supported(int64_t n);
 void attention(const AttnArgs& a);
 // Several sequences' attention (each with its own queries, KV and positions) in one parallel region.
