@@ -407,6 +407,30 @@ TEST(RoundedBf16Matmul, TheRoundedProductsWithTokenRowAndKTails) {
   }
 }
 
+// The same bits on any number of threads (the split moves whole rows and tokens between tasks, never k).
+TEST(RoundedBf16Matmul, SameBitsOnAnyThreadCount) {
+  const auto kernels = rounded_kernels();
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
+  std::mt19937 rng(23);
+  for (const Shape& c : {Shape{750, 1024, 1024}, Shape{300, 768, 2048}, Shape{200, 4096, 256}}) {
+    auto x = randn(size_t(c.n * c.k), rng);
+    auto w = make_weights(DType::BF16, size_t(c.m * c.k), rng);
+    for (const auto& [name, amx] : kernels) {
+      RoundedScope scope(amx);
+      mb::ThreadPool::set_global_threads(1);
+      const auto one = run_rounded(c, x, c.k, w, c.m);
+      for (int threads : {2, 5, 16}) {
+        mb::ThreadPool::set_global_threads(threads);
+        const auto many = run_rounded(c, x, c.k, w, c.m);
+        for (size_t i = 0; i < one.size(); ++i)
+          ASSERT_TRUE(same_bits(one[i], many[i])) << name << " " << c.n << "x" << c.k << "x" << c.m << " on " << threads
+                                                  << " threads at " << i;
+      }
+    }
+    mb::ThreadPool::set_global_threads(0);
+  }
+}
+
 TEST(RoundedBf16Matmul, ExtremeMagnitudesStayFinite) {
   const auto kernels = rounded_kernels();
   if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
