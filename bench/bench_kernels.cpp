@@ -139,14 +139,15 @@ WeightSet& weights(DType dt, int64_t m, int64_t k, bool rotate) {
 
 bool measure_membw();
 
+// cold: the weights rotate through kRotateBytes of copies (as gemv's do) for a GEMM too.
 void Matmul(benchmark::State& state, Isa isa, DType dt, int64_t n, int64_t m, int64_t k, bool gemv, bool amx = false,
-            mb::cpu::Bf16Products products = mb::cpu::Bf16Products::Exact) {
+            mb::cpu::Bf16Products products = mb::cpu::Bf16Products::Exact, bool cold = false) {
   if (gemv) {
     [[maybe_unused]] static const bool measured = measure_membw();
   }
   IsaScope scope(isa);
   AmxScope amx_scope(amx);
-  WeightSet& ws = weights(dt, m, k, gemv);
+  WeightSet& ws = weights(dt, m, k, gemv || cold);
   mb::Tensor x = random_tensor(DType::F32, {n, k}, 7), y = mb::host_tensor(DType::F32, {n, m});
   const size_t wbytes = size_t(m * k) * mb::dtype_size(dt);
   for (auto _ : state) {
@@ -376,27 +377,24 @@ bool register_all() {
               ->UseRealTime()->Unit(benchmark::kMillisecond);
         }
       }
-    // An E4B image's ViT matmuls (2520 patches) on the rounded products.
-    if (isa == Isa::Avx512 && mb::cpu::rounded_bf16_matmul_kernel())
-      for (auto [m, k] : {std::pair<int64_t, int64_t>{768, 768}, {3072, 768}, {768, 3072}})
-        benchmark::RegisterBenchmark(("Gemm/rounded-" + std::string(mb::cpu::rounded_bf16_matmul_kernel()) + "/BF16/vit" +
-                                      std::to_string(m) + "x" + std::to_string(k)).c_str(),
-                                     [=](benchmark::State& s) {
-                                       Matmul(s, isa, DType::BF16, 2520, m, k, false, true, mb::cpu::Bf16Products::Rounded);
-                                     })
-            ->UseRealTime()->Unit(benchmark::kMillisecond);
-    // The same and an E4B clip's conformer matmuls (750 frames) with weights rotated through 1 GiB, cold in
-    // every cache as a model's layers are.
+    // An E4B image's ViT matmuls (2520 patches) on the rounded products, with the weights warm; those and an E4B
+    // clip's conformer matmuls (750 frames) with the weights rotated through 1 GiB, cold in every cache as a
+    // model's layers are.
     if (isa == Isa::Avx512 && mb::cpu::rounded_bf16_matmul_kernel()) {
+      const std::string kernel = mb::cpu::rounded_bf16_matmul_kernel();
       struct S { const char* name; int64_t n, m, k; };
       for (S c : {S{"vit", 2520, 768, 768}, S{"vit", 2520, 3072, 768}, S{"vit", 2520, 768, 3072}, S{"conformer", 750, 1024, 1024},
                   S{"conformer", 750, 4096, 1024}, S{"conformer", 750, 1024, 4096}})
-        benchmark::RegisterBenchmark(("GemmCold/rounded-" + std::string(mb::cpu::rounded_bf16_matmul_kernel()) + "/BF16/" +
-                                      c.name + std::to_string(c.m) + "x" + std::to_string(c.k)).c_str(),
-                                     [=](benchmark::State& s) {
-                                       Matmul(s, isa, DType::BF16, c.n, c.m, c.k, true, true, mb::cpu::Bf16Products::Rounded);
-                                     })
-            ->UseRealTime()->Unit(benchmark::kMillisecond);
+        for (bool cold : {false, true}) {
+          if (!cold && std::string(c.name) != "vit") continue;
+          const std::string shape = c.name + std::to_string(c.m) + "x" + std::to_string(c.k);
+          benchmark::RegisterBenchmark(((cold ? "GemmCold/rounded-" : "Gemm/rounded-") + kernel + "/BF16/" + shape).c_str(),
+                                       [=](benchmark::State& s) {
+                                         Matmul(s, isa, DType::BF16, c.n, c.m, c.k, false, true,
+                                                mb::cpu::Bf16Products::Rounded, cold);
+                                       })
+              ->UseRealTime()->Unit(benchmark::kMillisecond);
+        }
     }
     struct A { const char* name; int64_t n, ctx; int window; };
     for (A c : {A{"decode_ctx64", 1, 64, 0}, A{"decode_ctx4096", 1, 4096, 0}, A{"decode_ring512", 1, 4096, 512}, A{"prefill64", 64, 64, 0},

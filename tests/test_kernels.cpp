@@ -411,6 +411,9 @@ TEST(RoundedBf16Matmul, TheRoundedProductsWithTokenRowAndKTails) {
 TEST(RoundedBf16Matmul, SameBitsOnAnyThreadCount) {
   const auto kernels = rounded_kernels();
   if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 or AMX-BF16 here";
+  struct DefaultThreadsAfter {
+    ~DefaultThreadsAfter() { mb::ThreadPool::set_global_threads(0); }
+  } restore;
   std::mt19937 rng(23);
   for (const Shape& c : {Shape{750, 1024, 1024}, Shape{300, 768, 2048}, Shape{200, 4096, 256}}) {
     auto x = randn(size_t(c.n * c.k), rng);
@@ -427,7 +430,6 @@ TEST(RoundedBf16Matmul, SameBitsOnAnyThreadCount) {
                                                   << " threads at " << i;
       }
     }
-    mb::ThreadPool::set_global_threads(0);
   }
 }
 

@@ -216,6 +216,10 @@ TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
   };
   // A run of 3 placeholders for an image of 60 soft tokens.
   EXPECT_NE(message_of({2, 10, 498, 500, 500, 500, 499}, {img}).find("gives 60 soft tokens"), std::string::npos);
+  // One placeholder (what generate expands): logits writes a row per given id, so it asks for the whole run.
+  const std::string one = message_of({2, 10, 498, 500, 499}, {img});
+  EXPECT_NE(one.find("one row per given id"), std::string::npos) << one;
+  EXPECT_NE(one.find("in order: 60"), std::string::npos) << one;
   // Two runs, one image.
   std::vector<int32_t> two = {2, 498};
   two.insert(two.end(), 60, 500);

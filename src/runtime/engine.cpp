@@ -85,8 +85,7 @@ class LocalEngine final : public Engine {
       // A single placeholder was expanded (what generate wants), but logits writes a row per given id.
       std::string runs;
       for (const mb::MediaSpan& s : spans) runs += (runs.empty() ? "" : ", ") + std::to_string(s.count);
-      MB_CHECK(false,
-               "logits: the media's soft tokens do not fill the placeholder runs of the given ids ({} ids, {} with "
+      mb::fail("logits: the media's soft tokens do not fill the placeholder runs of the given ids ({} ids, {} with "
                "the media expanded): logits writes one row per given id, so give each placeholder run at its full "
                "length (soft tokens, in order: {}), with the begin/end tokens around it",
                tokens.size(), prompt.size(), runs);
