@@ -31,24 +31,6 @@ uint32_t bits(float f) {
   return u;
 }
 
-// Sets an environment variable for one scope (the CLI child inherits it).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 // vec_dot of one row per type under `isa`, rows and activations fixed by the seed.
 struct DotCase {
   DType t;
@@ -177,13 +159,13 @@ TEST(CpuIsa, ActivePathsAreTheEnvironmentsChoice) {
 
 TEST(CpuIsa, CliRunsTheKernelsTheEnvironmentNamesAndRefusesOthers) {
   {
-    ScopedEnv env("MARKBASE_CPU_ISA", "scalar");
+    mbtest::ScopedEnv env("MARKBASE_CPU_ISA", "scalar");
     const auto r = mbtest::run_cli("bench --synthetic tiny --pp 4 --tg 2 --reps 1 --json");
     EXPECT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("\"isa\":\"scalar\""), std::string::npos) << r.out;
   }
   {
-    ScopedEnv env("MARKBASE_CPU_ISA", "avx-512");
+    mbtest::ScopedEnv env("MARKBASE_CPU_ISA", "avx-512");
     const auto r = mbtest::run_cli("bench --synthetic tiny --pp 4 --tg 2 --reps 1 --json");
     EXPECT_EQ(r.exit_code, 1) << r.out;
     EXPECT_NE(r.out.find("error: MARKBASE_CPU_ISA=avx-512 is not one of scalar, avx2, avx512"), std::string::npos)

@@ -344,12 +344,8 @@ TEST_P(CudaModel, RecordedDecodeStepsGiveTheUnrecordedResults) {
     // The backend's switch for recorded steps (docs/cuda.md), read when an engine's backend is made.
     std::unique_ptr<markbase::Engine> plain_engine;
     {
-      const char* prev = std::getenv("MARKBASE_CUDA_GRAPHS");
-      const std::string saved = prev ? prev : "";
-      setenv("MARKBASE_CUDA_GRAPHS", "0", 1);
+      mbtest::ScopedEnv graphs_off("MARKBASE_CUDA_GRAPHS", "0");
       plain_engine = open_engine(f.dir, kGpu, "auto");
-      if (prev) setenv("MARKBASE_CUDA_GRAPHS", saved.c_str(), 1);
-      else unsetenv("MARKBASE_CUDA_GRAPHS");
     }
     EXPECT_EQ(first, plain_engine->generate(req).tokens) << "with MARKBASE_CUDA_GRAPHS=0 (every op issued)";
   }

@@ -56,6 +56,8 @@
 #     5), after the peer's build.
 #   PEER_BUILD_TIMEOUT (420 s); SKIP_PEER_BUILD=1 leaves the peer's source unbuilt.
 #   MODEL_DIR (/tmp/gpu-suite-models); KEEP_MODELS=1 keeps the .gguf files.
+#   SWEEP="A=1 A=2,B=3": markbase's pp/tg on the first dtype's file under each setting, rounds interleaved
+#     (SWEEP_ROUNDS, 3; SWEEP_PP, 512), with a table of medians.
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
 # passed and the sanitizers found nothing (or could not run here); 1 when a test failed, a sanitizer reported an
@@ -584,11 +586,42 @@ PY
     [[ ${KEEP_MODELS:-0} == 1 ]] || rm -f "$file"
   }
   batched_set=" ${BATCHED_DTYPES:-q4_0} "
+  keep_asked=${KEEP_MODELS:-0}
+  [[ -n ${SWEEP:-} ]] && KEEP_MODELS=1
   for d in ${DTYPES:-q4_0 q8_0 bf16}; do
     b=0
     [[ $batched_set == *" $d "* ]] && b=1
     bench_one "${SYNTH_MODEL:-e4b}" "$d" "$b" "${BENCH_TIMEOUT:-180}"
   done
+  # SWEEP: settings (space-separated VAR=VALUE, commas for several in one) measured on the first dtype's
+  # file, interleaved round by round (SWEEP_ROUNDS, 3) so that the machine's drift falls on all alike.
+  if [[ -n ${SWEEP:-} ]]; then
+    read -r d0 _ <<<"${DTYPES:-q4_0 q8_0 bf16}"
+    file="$model_dir/${SYNTH_MODEL:-e4b}_$d0.gguf"
+    for ((r = 1; r <= ${SWEEP_ROUNDS:-3}; ++r)); do
+      i=0
+      for setting in $SWEEP; do
+        i=$((i + 1))
+        # shellcheck disable=SC2046  # one word per assignment
+        run_step "sweep-$i-$r" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" $(tr ',' ' ' <<<"$setting") \
+          "$markbase" bench --device cuda -m "$file" --pp "${SWEEP_PP:-512}" --tg 128 --reps 3 --json
+        grep -hs '^{' "$work/sweep-$i-$r.log" | sed "s|^{|{\"setting\": \"$setting\", |" >>"$work/sweep.jsonl"
+      done
+    done
+    python3 - "$work/sweep.jsonl" <<'PY' | tee -a "$md"
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    runs.setdefault(j["setting"], []).append(j)
+print("\n| setting | tg128 tok/s (runs) | median | pp tok/s median |\n|---|---|---|---|")
+for k, v in runs.items():
+    tg = [r.get("tg_tokens_per_s") or 0 for r in v]
+    pp = [r.get("pp_tokens_per_s") or 0 for r in v]
+    print(f"| {k} | {' '.join(f'{t:.0f}' for t in tg)} | {statistics.median(tg):.0f} | {statistics.median(pp):.0f} |")
+PY
+    [[ $keep_asked == 1 ]] || rm -f "${made_models[@]}"
+  fi
   if [[ ${BIG:-0} == 1 ]]; then
     bench_one 31b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"
     bench_one 26b-a4b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"
