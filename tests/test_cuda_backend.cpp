@@ -1067,12 +1067,15 @@ struct AttnConfig {
   // Q/K/V through attention_inputs (head norms, rotary, V norm, KV write in one op) instead of
   // kv_write/kv_write_batch.
   bool fused_inputs = false;
+  // The sequences listed last row first (the kernels find a row's sequence by bisection only where
+  // rows ascend with the list: order_rows).
+  bool reversed = false;
   std::string label() const {
-    char b[180];
-    std::snprintf(b, sizeof b, "hd=%lld heads=%lld/%lld window=%d softcap=%g scale=%s %s%s%s",
+    char b[200];
+    std::snprintf(b, sizeof b, "hd=%lld heads=%lld/%lld window=%d softcap=%g scale=%s %s%s%s%s",
                   static_cast<long long>(hd), static_cast<long long>(nh), static_cast<long long>(nkv), window,
                   softcap, scale == 0 ? "1/sqrt(hd)" : "1", layout_name(layout), bf16_inputs ? "" : " f32-inputs",
-                  fused_inputs ? " attention_inputs" : "");
+                  fused_inputs ? " attention_inputs" : "", reversed ? " reversed" : "");
     return b;
   }
 };
@@ -1226,6 +1229,7 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
       for (int64_t i = 0; i < p.count; ++i) positions.push_back(int32_t(p.start + i));
     }
     for (auto& s : seqs) s.pos = positions.data() + s.begin;
+    if (c.reversed) std::reverse(seqs.begin(), seqs.end());
     // Pages every query of the sequence has left behind (sliding window) are gone.
     if (c.layout == Layout::Paged && c.window > 0)
       for (const Part& p : st) {
@@ -1398,9 +1402,11 @@ TEST_F(CudaOps, AttentionBatchManyDecodeSequences) {
   std::mt19937 rng(15);
   std::vector<int64_t> history, last;
   for (int s = 0; s < 40; ++s) history.push_back(1 + int64_t(rng() % 200)), last.push_back(1);
+  AttnConfig rev{8, 2, 256, 48, 0.f, 0.f, Layout::Paged}, rev_fused = rev;
+  rev.reversed = rev_fused.reversed = rev_fused.fused_inputs = true;
   for (const AttnConfig& c : {AttnConfig{8, 2, 256, 48, 0.f, 0.f, Layout::Paged},
                               AttnConfig{16, 2, 512, 0, 0.f, 1.f, Layout::Paged},
-                              AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}})
+                              AttnConfig{8, 1, 256, 48, 0.f, 0.f, Layout::Ring}, rev, rev_fused})
     guarded("attention 40-decode " + c.label(),
             [&] { compare_attention(cpu(), gpu(), c, plan_steps(history, last, 64), "40-decode", kTolMat); });
 }

@@ -57,7 +57,10 @@
 #   PEER_BUILD_TIMEOUT (420 s); SKIP_PEER_BUILD=1 leaves the peer's source unbuilt.
 #   MODEL_DIR (/tmp/gpu-suite-models); KEEP_MODELS=1 keeps the .gguf files.
 #   SWEEP="A=1 A=2,B=3": markbase's pp/tg on the first dtype's file under each setting, rounds interleaved
-#     (SWEEP_ROUNDS, 3; SWEEP_PP, 512), with a table of medians.
+#     (SWEEP_ROUNDS, 3; SWEEP_ARGS, "--pp 512 --tg 128 --reps 3": bench's arguments, --profile's tables in the
+#     logs), with a table of medians.
+#   STEP_PROFILE="8 128": ncu's time of each kernel of decode steps at those batches, on the first dtype's file
+#     (STEP_PROFILE_TG decode steps, 3, after one-token prompts whose launches it skips: STEP_PROFILE_PREFILL a prompt).
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
 # passed and the sanitizers found nothing (or could not run here); 1 when a test failed, a sanitizer reported an
@@ -587,7 +590,7 @@ PY
   }
   batched_set=" ${BATCHED_DTYPES:-q4_0} "
   keep_asked=${KEEP_MODELS:-0}
-  [[ -n ${SWEEP:-} ]] && KEEP_MODELS=1
+  [[ -n ${SWEEP:-}${STEP_PROFILE:-} ]] && KEEP_MODELS=1
   for d in ${DTYPES:-q4_0 q8_0 bf16}; do
     b=0
     [[ $batched_set == *" $d "* ]] && b=1
@@ -602,9 +605,9 @@ PY
       i=0
       for setting in $SWEEP; do
         i=$((i + 1))
-        # shellcheck disable=SC2046  # one word per assignment
+        # shellcheck disable=SC2046,SC2086  # one word per assignment and per argument
         run_step "sweep-$i-$r" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" $(tr ',' ' ' <<<"$setting") \
-          "$markbase" bench --device cuda -m "$file" --pp "${SWEEP_PP:-512}" --tg 128 --reps 3 --json
+          "$markbase" bench --device cuda -m "$file" ${SWEEP_ARGS:---pp 512 --tg 128 --reps 3} --json
         grep -hs '^{' "$work/sweep-$i-$r.log" | sed "s|^{|{\"setting\": \"$setting\", |" >>"$work/sweep.jsonl"
       done
     done
@@ -613,15 +616,61 @@ import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
     j = json.loads(line)
-    runs.setdefault(j["setting"], []).append(j)
-print("\n| setting | tg128 tok/s (runs) | median | pp tok/s median |\n|---|---|---|---|")
-for k, v in runs.items():
+    runs.setdefault((j["setting"], j.get("batch", 1)), []).append(j)
+print("\n| setting | batch | tg tok/s (runs) | median | pp tok/s median |\n|---|---|---|---|---|")
+for (k, b), v in runs.items():
     tg = [r.get("tg_tokens_per_s") or 0 for r in v]
     pp = [r.get("pp_tokens_per_s") or 0 for r in v]
-    print(f"| {k} | {' '.join(f'{t:.0f}' for t in tg)} | {statistics.median(tg):.0f} | {statistics.median(pp):.0f} |")
+    print(f"| {k} | {b} | {' '.join(f'{t:.0f}' for t in tg)} | {statistics.median(tg):.0f} | {statistics.median(pp):.0f} |")
 PY
-    [[ $keep_asked == 1 ]] || rm -f "${made_models[@]}"
   fi
+  # STEP_PROFILE: each decode kernel's time (ncu, each kernel alone) at the batches of STEP_PROFILE ("8 128"), on
+  # the first dtype's file.
+  if [[ -n ${STEP_PROFILE:-} ]]; then
+    read -r d0 _ <<<"${DTYPES:-q4_0 q8_0 bf16}"
+    file="$model_dir/${SYNTH_MODEL:-e4b}_$d0.gguf"
+    ncu_bin=$(command -v ncu || find /usr/local/cuda*/bin /opt/nvidia -name ncu -type f 2>/dev/null | head -n 1)
+    if [[ -z $ncu_bin ]]; then
+      say "STEP_PROFILE: no ncu on this machine"
+    else
+      for b in $STEP_PROFILE; do
+        # Sequences prefill one at a time (1-token prompts: ~600 launches each, after ~2,000 of loading and
+        # warming up); ncu skips most of those launches and times every kernel after them alone (graph nodes one
+        # by one). The table takes the last STEP_PROFILE_TG runs of kernels that end in a pick (argmax): the
+        # decode steps.
+        steps=${STEP_PROFILE_TG:-3}
+        run_step "ncu-$b" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" "$ncu_bin" --graph-profiling node \
+          --metrics gpu__time_duration.sum --csv --page raw --launch-skip $((b * 600 + 1500)) \
+          --launch-count $((steps * 900 + 1500)) "$markbase" bench --device cuda -m "$file" --batch "$b" --pp 1 --tg "$steps" \
+          --reps 1
+        python3 - "$work/ncu-$b.log" "$b" "$steps" <<'PY' | tee -a "$md"
+import csv, collections, io, sys
+text = open(sys.argv[1], errors="replace").read().splitlines()
+start = next((i for i, l in enumerate(text) if l.startswith('"ID"')), None)
+if start is None:
+    print(f"ncu {sys.argv[2]}: no kernel rows"); sys.exit()
+rows = [r for r in csv.DictReader(io.StringIO("\n".join(text[start:]))) if r.get("ID", "").isdigit()]
+ends = [i for i, r in enumerate(rows) if "argmax" in r["Kernel Name"] or "sample_rows" in r["Kernel Name"]]
+steps = min(int(sys.argv[3]), len(ends) - 1)
+if steps < 1:
+    print(f"ncu {sys.argv[2]}: fewer than two picks among {len(rows)} launches"); sys.exit()
+rows = rows[ends[-steps - 1] + 1:ends[-1] + 1]
+by = collections.defaultdict(lambda: [0.0, 0])
+for r in rows:
+    try: t = float(r["gpu__time_duration.sum"].replace(",", ""))
+    except ValueError: continue
+    by[r["Kernel Name"].split("(")[0][:80]][0] += t; by[r["Kernel Name"].split("(")[0][:80]][1] += 1
+unit = next((r.get("gpu__time_duration.sum") for r in csv.DictReader(io.StringIO("\n".join(text[start:start + 2])))), "")
+tot = sum(v[0] for v in by.values())
+print(f"\nkernels timed alone, {sys.argv[2]} streams: {len(rows)} launches in {steps} decode steps (unit: {unit}); {tot / steps:.1f} a step")
+print("| a step | share | launches a step | kernel |\n|---|---|---|---|")
+for k, (t, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:22]:
+    print(f"| {t / steps:.1f} | {100 * t / tot:.1f}% | {c / steps:.1f} | {k} |")
+PY
+      done
+    fi
+  fi
+  [[ $keep_asked == 1 ]] || rm -f "${made_models[@]}"
   if [[ ${BIG:-0} == 1 ]]; then
     bench_one 31b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"
     bench_one 26b-a4b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"

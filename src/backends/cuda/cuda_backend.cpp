@@ -194,6 +194,7 @@ class CudaBackend final : public Backend {
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
+    seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
 
   ~CudaBackend() override {
@@ -615,6 +616,7 @@ class CudaBackend final : public Backend {
     seqs.n = 1;
     seqs.s[0] = kv_seq(kv, 0, k.dim(0), pos);
     check_kv(kv, k);
+    order_rows(seqs, !seq_scan_);
     cuda::kv_write(seqs, k.f32(), v.f32(), k.dim(1), k.dim(2), st_);
   }
 
@@ -625,6 +627,7 @@ class CudaBackend final : public Backend {
         check_kv(*seqs[i].kv, k);
         ks.s[ks.n++] = kv_seq(*seqs[i].kv, seqs[i].begin, seqs[i].count, seqs[i].pos);
       }
+      order_rows(ks, !seq_scan_);
       cuda::kv_write(ks, k.f32(), v.f32(), k.dim(1), k.dim(2), st_);
     }
   }
@@ -650,6 +653,7 @@ class CudaBackend final : public Backend {
       check_kv(*writes[i].kv, *k);
       first.s[first.n++] = kv_seq(*writes[i].kv, writes[i].begin, writes[i].count, writes[i].pos);
     }
+    order_rows(first, !seq_scan_);
     cuda::attention_inputs(q.f32(), k ? k->f32() : nullptr, k ? v->f32() : nullptr, n, a, dev(p.pos, n),
                            constant(p.inv_freq, hd / 2), first, st_);
     if (k && writes.size() > size_t(kMaxSeqsPerLaunch))
@@ -699,6 +703,7 @@ class CudaBackend final : public Backend {
         ks.s[ks.n++] = kv_seq(*seqs[i].kv, seqs[i].begin, seqs[i].count, seqs[i].pos);
         if (seqs[i].last) ks.s[ks.n - 1].last = dev(seqs[i].last, seqs[i].count);
       }
+      order_rows(ks, !seq_scan_);
       cuda::attention(ks, a, q.f32(), out.f32(), pf > 0 ? part.f32() : nullptr, st_);
     }
     quantized_now(flat, qo);
@@ -1308,6 +1313,7 @@ class CudaBackend final : public Backend {
   bool fuse_quant_ = true;
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
+  bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_set<uint64_t> seen_;
   void* staged_host_ = nullptr;

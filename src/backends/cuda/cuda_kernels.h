@@ -204,7 +204,17 @@ inline constexpr int kMaxSeqsPerLaunch = 128;
 struct KVSeqs {
   KVSeq s[kMaxSeqsPerLaunch];
   int n = 0;
+  // Rows ascend with the sequences and no two share one (order_rows): each block of the attention
+  // kernels finds its row's sequence by bisection, 7 steps for 128 sequences, instead of a scan
+  // through the parameters (E4B Q4_0 at 128 streams on an H100: 13,352 vs 11,287 tok/s).
+  int ordered = 0;
 };
+// Sets seqs.ordered where it holds (allowed false: the kernels scan, as MARKBASE_CUDA_SEQ_SCAN=1 asks).
+inline void order_rows(KVSeqs& seqs, bool allowed = true) {
+  seqs.ordered = allowed;
+  for (int i = 1; i < seqs.n && seqs.ordered; ++i)
+    seqs.ordered = int64_t(seqs.s[i].begin) >= int64_t(seqs.s[i - 1].begin) + seqs.s[i - 1].count;
+}
 // Writes rows of k, v [n, nkv, hd] (f32) to each sequence's slots as bf16.
 void kv_write(const KVSeqs& seqs, const float* k, const float* v, int64_t nkv, int64_t hd, cudaStream_t st);
 

@@ -21,6 +21,15 @@ namespace {
 constexpr int kAttnWarps = 4;
 
 __device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
+  if (seqs.ordered) {
+    int lo = 0, hi = seqs.n - 1, at = -1;  // the last sequence that begins at or before row
+    while (lo <= hi) {
+      const int mid = (lo + hi) / 2;
+      if (seqs.s[mid].begin <= row) at = mid, lo = mid + 1;
+      else hi = mid - 1;
+    }
+    return at >= 0 && row < int64_t(seqs.s[at].begin) + seqs.s[at].count ? at : -1;
+  }
   for (int i = 0; i < seqs.n; ++i)
     if (row >= seqs.s[i].begin && row < seqs.s[i].begin + seqs.s[i].count) return i;
   return -1;
