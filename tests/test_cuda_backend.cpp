@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "core/quant.h"
 #include "core/tensor.h"
+#include "test_util.h"
 
 namespace {
 
@@ -643,24 +644,10 @@ TEST_F(CudaOps, MatmulEveryWeightDtypeAndRowCount) {
   }
 }
 
-// Sets an environment variable for a scope (a backend reads its switches when it is made).
-struct EnvOverride {
-  std::string name, saved;
-  bool had;
-  EnvOverride(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) saved = std::getenv(n);
-    setenv(n, value, 1);
-  }
-  ~EnvOverride() {
-    if (had) setenv(name.c_str(), saved.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
-
 // A second GPU backend made while `name` is set to `value` (a backend reads its switches when it
 // is made).
 std::unique_ptr<Backend> gpu_with(const char* name, const char* value) {
-  EnvOverride env(name, value);
+  mbtest::ScopedEnv env(name, value);
   return make_gpu();
 }
 
@@ -967,7 +954,7 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
     for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}}) guarded("mmq " + dname(dt), [&] {
-      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag), bf16_copies("MARKBASE_CUDA_BF16_COPIES", "0");
+      mbtest::ScopedEnv frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag), bf16_copies("MARKBASE_CUDA_BF16_COPIES", "0");
       const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
       Backend& be = *mmq;
       const Weight w = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng), u = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng);
@@ -1025,7 +1012,7 @@ TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
   for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
     for (Case c : {Case{128, 512, 256, 8}, Case{4, 2816, 704, 2}}) guarded("grouped experts " + dname(dt), [&] {
-      EnvOverride frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
+      mbtest::ScopedEnv frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
       const std::unique_ptr<Backend> grouped = make_gpu();
       const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
       const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));

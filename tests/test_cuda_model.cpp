@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -78,11 +79,9 @@ std::unique_ptr<markbase::Engine> open_engine(const std::string& path, const std
   o.device = device;
   o.dtype = dtype;
   o.max_context = ctx;
-  const bool round = device == "cpu" && kv == "bf16";
-  if (round) setenv("MARKBASE_CPU_KV_ROUND", "bf16", 1);
-  auto e = markbase::Engine::open(o);
-  if (round) unsetenv("MARKBASE_CPU_KV_ROUND");
-  return e;
+  std::optional<mbtest::ScopedEnv> round;
+  if (device == "cpu" && kv == "bf16") round.emplace("MARKBASE_CPU_KV_ROUND", "bf16");
+  return markbase::Engine::open(o);
 }
 
 struct LogitErr {

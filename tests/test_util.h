@@ -103,13 +103,15 @@ class ScopedEnv {
     if (const char* old = std::getenv(name)) old_ = old, had_ = true;
     setenv(name, value, 1);
   }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
   }
 
  private:
-  const char* name_;
+  std::string name_;
   std::string old_;
   bool had_ = false;
 };

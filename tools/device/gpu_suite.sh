@@ -60,7 +60,7 @@
 #     (SWEEP_ROUNDS, 3; SWEEP_ARGS, "--pp 512 --tg 128 --reps 3": bench's arguments, --profile's tables in the
 #     logs), with a table of medians.
 #   STEP_PROFILE="8 128": ncu's time of each kernel of decode steps at those batches, on the first dtype's file
-#     (STEP_PROFILE_TG decode steps, 3, after one-token prompts whose launches it skips: STEP_PROFILE_PREFILL a prompt).
+#     (STEP_PROFILE_TG decode steps, 3, after one-token prompts whose launches it skips).
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
 # passed and the sanitizers found nothing (or could not run here); 1 when a test failed, a sanitizer reported an
@@ -589,6 +589,7 @@ PY
     [[ ${KEEP_MODELS:-0} == 1 ]] || rm -f "$file"
   }
   batched_set=" ${BATCHED_DTYPES:-q4_0} "
+  # SWEEP and STEP_PROFILE run on the first dtype's file, kept until they are done.
   keep_asked=${KEEP_MODELS:-0}
   [[ -n ${SWEEP:-}${STEP_PROFILE:-} ]] && KEEP_MODELS=1
   for d in ${DTYPES:-q4_0 q8_0 bf16}; do
@@ -596,11 +597,11 @@ PY
     [[ $batched_set == *" $d "* ]] && b=1
     bench_one "${SYNTH_MODEL:-e4b}" "$d" "$b" "${BENCH_TIMEOUT:-180}"
   done
+  read -r d0 _ <<<"${DTYPES:-q4_0 q8_0 bf16}"
+  file="$model_dir/${SYNTH_MODEL:-e4b}_$d0.gguf"
   # SWEEP: settings (space-separated VAR=VALUE, commas for several in one) measured on the first dtype's
   # file, interleaved round by round (SWEEP_ROUNDS, 3) so that the machine's drift falls on all alike.
   if [[ -n ${SWEEP:-} ]]; then
-    read -r d0 _ <<<"${DTYPES:-q4_0 q8_0 bf16}"
-    file="$model_dir/${SYNTH_MODEL:-e4b}_$d0.gguf"
     for ((r = 1; r <= ${SWEEP_ROUNDS:-3}; ++r)); do
       i=0
       for setting in $SWEEP; do
@@ -627,8 +628,6 @@ PY
   # STEP_PROFILE: each decode kernel's time (ncu, each kernel alone) at the batches of STEP_PROFILE ("8 128"), on
   # the first dtype's file.
   if [[ -n ${STEP_PROFILE:-} ]]; then
-    read -r d0 _ <<<"${DTYPES:-q4_0 q8_0 bf16}"
-    file="$model_dir/${SYNTH_MODEL:-e4b}_$d0.gguf"
     ncu_bin=$(command -v ncu || find /usr/local/cuda*/bin /opt/nvidia -name ncu -type f 2>/dev/null | head -n 1)
     if [[ -z $ncu_bin ]]; then
       say "STEP_PROFILE: no ncu on this machine"
@@ -659,7 +658,9 @@ by = collections.defaultdict(lambda: [0.0, 0])
 for r in rows:
     try: t = float(r["gpu__time_duration.sum"].replace(",", ""))
     except ValueError: continue
-    by[r["Kernel Name"].split("(")[0][:80]][0] += t; by[r["Kernel Name"].split("(")[0][:80]][1] += 1
+    e = by[r["Kernel Name"].split("(")[0][:80]]
+    e[0] += t
+    e[1] += 1
 unit = next((r.get("gpu__time_duration.sum") for r in csv.DictReader(io.StringIO("\n".join(text[start:start + 2])))), "")
 tot = sum(v[0] for v in by.values())
 print(f"\nkernels timed alone, {sys.argv[2]} streams: {len(rows)} launches in {steps} decode steps (unit: {unit}); {tot / steps:.1f} a step")
@@ -671,6 +672,7 @@ PY
     fi
   fi
   [[ $keep_asked == 1 ]] || rm -f "${made_models[@]}"
+  KEEP_MODELS=$keep_asked  # BIG's files (~32 GB) go as before
   if [[ ${BIG:-0} == 1 ]]; then
     bench_one 31b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"
     bench_one 26b-a4b q4_0 0 "${BIG_BENCH_TIMEOUT:-420}"
