@@ -940,11 +940,13 @@ TEST_F(CudaOps, MoeGatedExperts) {
 }
 
 // Block-type products of more rows than the GEMV takes run on the tensor cores (kernels_mmq.cu;
-// by default only for weights without a bf16 copy, MARKBASE_CUDA_MMQ_ROWS=N for all): same int8
+// by default for weights without a bf16 copy and up to 8 rows beside one, MARKBASE_CUDA_MMQ_ROWS=N
+// for all): same int8
 // activations, same exact block sums, so each row must give the numbers the GEMV gives that row
 // alone, up to the order of float additions - far tighter than the CPU comparison.
 // Both weight layouts (no bf16 copies, where the kernels are the path): the planes as stored, and
 // the fragment-ordered copies (MARKBASE_CUDA_FRAG_COPIES; 17 blocks of 32 pair the last with zeros).
+// k=256 is one K split: the GLU and gelu-times epilogues in the product kernel, not the reduce's.
 TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   constexpr double kTolSame = 1e-4;
   std::mt19937 rng(21);
@@ -953,7 +955,7 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   };
   for (const char* frag : {"1", "0"})
   for (DType dt : {DType::Q8_0, DType::Q4_0})
-    for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}}) guarded("mmq " + dname(dt), [&] {
+    for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}, Shape{256, 192}}) guarded("mmq " + dname(dt), [&] {
       mbtest::ScopedEnv frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag), bf16_copies("MARKBASE_CUDA_BF16_COPIES", "0");
       const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
       Backend& be = *mmq;

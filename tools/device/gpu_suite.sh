@@ -60,7 +60,8 @@
 #     (SWEEP_ROUNDS, 3; SWEEP_ARGS, "--pp 512 --tg 128 --reps 3": bench's arguments, --profile's tables in the
 #     logs), with a table of medians.
 #   STEP_PROFILE="8 128": ncu's time of each kernel of decode steps at those batches, on the first dtype's file
-#     (STEP_PROFILE_TG decode steps, 3, after one-token prompts whose launches it skips).
+#     (STEP_PROFILE_TG decode steps, 3, after one-token prompts whose launches it skips); STEP_PROFILE_ENV="A=1 B=2":
+#     settings for those runs alone.
 # Output ($OUT, at most 8 files): gpu_suite.md (the summary and the table), results.json (every figure),
 # cuda-tests.log and cuda-tests.xml, host-tests.xml, logs.tar.gz (every other log). Exit status: 0 when every test
 # passed and the sanitizers found nothing (or could not run here); 1 when a test failed, a sanitizer reported an
@@ -638,7 +639,8 @@ PY
         # by one). The table takes the last STEP_PROFILE_TG runs of kernels that end in a pick (argmax): the
         # decode steps.
         steps=${STEP_PROFILE_TG:-3}
-        run_step "ncu-$b" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" "$ncu_bin" --graph-profiling node \
+        # shellcheck disable=SC2086  # one word per assignment
+        run_step "ncu-$b" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" ${STEP_PROFILE_ENV:-} "$ncu_bin" --graph-profiling node \
           --metrics gpu__time_duration.sum --csv --page raw --launch-skip $((b * 600 + 1500)) \
           --launch-count $((steps * 900 + 1500)) "$markbase" bench --device cuda -m "$file" --batch "$b" --pp 1 --tg "$steps" \
           --reps 1

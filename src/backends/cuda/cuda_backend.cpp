@@ -315,12 +315,13 @@ class CudaBackend final : public Backend {
       auto both = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(t.owner, copy.owner);
       t.owner = std::shared_ptr<void>(both, t.data);
     }
-    // Where the tensor-core block products are a weight's path for many rows (stacked experts; a
-    // weight without a bf16 copy), a copy in their fragment order: 26B-A4B Q4_0 on an H200, pp512
-    // 12,093 -> 14,053 tok/s, 64 streams 2,560 -> 3,417. Not beside a bf16 copy: at 8 rows the
-    // kernel on it only matched cuBLAS (E4B Q4_0 1,479 vs 1,476 tok/s), at 12-16 it lost 6-7%.
-    if (use != WeightUse::Lookup && frag_copies_ && !w.bf16 && mmq_supports(w) &&
-        want_copy(size_t(frag_bytes(w) + frag_scale_bytes(w)))) {
+    // A copy in the tensor-core block products' fragment order, their path for many rows where a
+    // weight has no bf16 copy (stacked experts: 26B-A4B Q4_0 on an H200, pp512 12,093 -> 14,053
+    // tok/s, 64 streams 2,560 -> 3,417) and for few rows beside one (use_mmq). Beside one only
+    // while half the GPU stays free: a model whose copies do not all fit keeps more bf16 copies
+    // (its prefill's path) rather than few-row products' ~12%.
+    if (use != WeightUse::Lookup && frag_copies_ && mmq_supports(w) &&
+        want_copy(size_t(frag_bytes(w) + frag_scale_bytes(w)), w.bf16 ? 5 : 4)) {
       Tensor frag = alloc(DType::U8, {frag_bytes(w)}), fscale = alloc(DType::U8, {frag_scale_bytes(w)});
       make_frag(w, frag.data, fscale.data, st_);
       check(cudaStreamSynchronize(st_), "making a fragment-ordered copy of a weight");
@@ -1143,21 +1144,23 @@ class CudaBackend final : public Backend {
   }
 
   // More rows than the GEMV takes, of Q8_0/Q4_0 weights: the tensor-core kernels read the blocks as
-  // they are. Where a bf16 copy lets cuBLAS run, cuBLAS is faster still at every row count measured
-  // (E4B Q4_0 on an H200, tok/s at 8/16/32/64/128 streams: 970/1,806/2,916/4,286/5,630 against
-  // 1,320/2,541/4,749/7,872/12,003), so by default only weights without one take them (instead of
-  // dequantizing slabs of rows for cuBLAS); MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most
-  // N rows there, 0 none.
+  // they are. Weights without a bf16 copy always take them (instead of dequantizing slabs of rows
+  // for cuBLAS); beside one, the fragment-ordered copy's kernel up to kMmqRowsBesideCopies rows,
+  // cuBLAS on the bf16 copy above (E4B Q4_0 on an H100, tok/s at 8/16/32 streams: 1,424/2,431/4,255
+  // against cuBLAS's 1,274/2,525/4,745). MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most N
+  // rows there (planes where a weight has no fragment copy), 0 none.
+  static constexpr int64_t kMmqRowsBesideCopies = 8;
   bool use_mmq(const std::vector<GpuWeight>& gw, int64_t n) const {
     if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= (gemv_rows_ >= 0 ? gemv_rows_ : 4) ||
         (debug_ & 1))
       return false;
-    bool copies = true;
+    bool copies = true, frags = true;
     for (const GpuWeight& w : gw) {
       if (!mmq_supports(w) || w.type != gw[0].type || w.cols != gw[0].cols) return false;
       copies = copies && w.bf16;
+      frags = frags && w.frag;
     }
-    return mmq_rows_ > 0 || !copies;
+    return mmq_rows_ > 0 || !copies || (frags && n <= kMmqRowsBesideCopies);
   }
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
@@ -1251,11 +1254,12 @@ class CudaBackend final : public Backend {
     if (bf16_copies_ >= 0) return bf16_copies_ != 0;
     return want_copy(bytes);
   }
-  bool want_copy(size_t bytes) const {
+  // Only while at least tenths / 10 of the GPU (40% by default) stays free for the rest of the
+  // weights and the KV pages.
+  bool want_copy(size_t bytes, int tenths = 4) const {
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
-    // Only while at least 40% of the GPU stays free for the rest of the weights and the KV pages.
-    return free_b > bytes && free_b - bytes > total / 10 * 4;
+    return free_b > bytes && free_b - bytes > total / 10 * size_t(tenths);
   }
 
   void check_kv(const KVStore& kv, const Tensor& rows) const {

@@ -40,12 +40,14 @@ __global__ void k_tile_x(const float* x, int64_t k, int64_t n, const int32_t* sr
   int64_t sr = r < n ? r : -1;
   if (src) sr = src[r] < 0 ? -1 : src[r] / div;
   const int slot = t * 4 + (lane % 16) / 4, word = lane / 16;
-  for (int64_t kb = threadIdx.x / 32; kb < nkb; kb += blockDim.x / 32) {
-    const float v = sr >= 0 ? x[sr * k + kb * 32 + lane] : 0.f;
-    float dd;
-    q[((g * nkb + kb) * 32 + slot) * 8 + word * 4 + lane % 4] = int8_t(quantize_lane(v, dd));
-    if (lane == 0) d[(g * nkb + kb) * 8 + t] = dd;
-  }
+  // A warp a block of 32 (grid y: the row's blocks in runs of a CUDA block's warps): a warp that
+  // looped over a row's blocks waited a memory round trip per block (an E4B row: 10-40 in turn).
+  const int64_t kb = int64_t(blockIdx.y) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (kb >= nkb) return;
+  const float v = sr >= 0 ? x[sr * k + kb * 32 + lane] : 0.f;
+  float dd;
+  q[((g * nkb + kb) * 32 + slot) * 8 + word * 4 + lane % 4] = int8_t(quantize_lane(v, dd));
+  if (lane == 0) d[(g * nkb + kb) * 8 + t] = dd;
 }
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], int2 b) {
@@ -103,6 +105,11 @@ struct Args {
   int64_t kb_per_split = 0;
   float* part = nullptr;  // [splits][n][rows] partial sums (null: write y)
   float* y[3] = {nullptr, nullptr, nullptr};
+  // Epilogues without partial sums (one K split, fragment-ordered weights): glu - y[0] =
+  // gelu_tanh(gate) * up, a block's warps 0-1 on 32 gate rows and 2-3 on the same up rows; m -
+  // y[0] = gelu_tanh(sum) * m. Each the reduce kernel's arithmetic on its one split.
+  bool glu = false;
+  const float* m = nullptr;
 };
 
 __device__ __forceinline__ const GpuWeight& pick_w(const Args& a, int i) {
@@ -143,9 +150,37 @@ __device__ __forceinline__ void store_tile(const Args& a, const float (&acc)[NJ]
       } else if (tr < a.n) {
         if (a.part)
           a.part[(int64_t(blockIdx.z) * a.n + tr) * a.rows + lr + dr] = acc[j][e];
+        else if (a.m)
+          a.y[0][tr * w.rows + ra + dr] = gelu_tanh(acc[j][e]) * a.m[tr * w.rows + ra + dr];
         else
           pick_y(a, wi)[tr * w.rows + ra + dr] = acc[j][e];
       }
+    }
+  }
+}
+
+// A fused GLU block's sums out (Args::glu): warps 2-3 leave their up sums in shared memory (the
+// staging buffers, free after the last chunk), warps 0-1 write gelu_tanh(gate) * up.
+template <int NJ>
+__device__ __forceinline__ void store_glu(const Args& a, const float (&acc)[NJ][4], float* up, int64_t g0, int ng,
+                                          int warp, int lane) {
+  if (warp >= 2) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) up[(((warp - 2) * NJ + j) * 4 + e) * 32 + lane] = acc[j][e];
+  }
+  __syncthreads();
+  if (warp >= 2) return;
+  const int64_t rows = a.w[0].rows, r0 = int64_t(blockIdx.x) * 32 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    if (j >= ng) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t tr = (g0 + j) * 8 + 2 * (lane % 4) + e % 2;
+      if (tr < a.n)
+        a.y[0][tr * rows + r0 + (e < 2 ? 0 : 8)] = gelu_tanh(acc[j][e]) * up[((warp * NJ + j) * 4 + e) * 32 + lane];
     }
   }
 }
@@ -339,8 +374,16 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   __shared__ __align__(16) float sd[2][NJ * kCh * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
+  // wrow: the block's first row in weight wi, warp w's 16 rows from wrow + 16 w (glu: the warps'
+  // pairs on the same 32 rows of gate and up)
   int64_t wrow = tile_row;
-  const int wi = weight_of_rows(a, wrow);
+  int wi = 0;
+  if (a.glu) {
+    wi = warp / 2;
+    wrow = int64_t(blockIdx.x) * 32 - wi * 32;
+  } else {
+    wi = weight_of_rows(a, wrow);
+  }
   const GpuWeight& w0 = pick_w(a, wi);
   const int64_t nb = w0.cols / 32, nkp = (nb + 1) / 2;
   const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
@@ -391,7 +434,10 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
     for (int u = 0; u < kPairs; ++u) cur[u] = nxt[u];
     __syncthreads();
   }
-  store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+  if (a.glu)
+    store_glu<NJ>(a, acc, reinterpret_cast<float*>(&sq[0][0]), g0, ng, warp, lane);
+  else
+    store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
 }
 
 // Weight w's planes into the fragment order above: one thread a lane run.
@@ -562,7 +608,7 @@ int64_t tiled_x_rows(int64_t n) { return (n + 7) / 8 * 8; }
 void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
             cudaStream_t st) {
   if (rows == 0) return;
-  launch_kernel(k_tile_x, unsigned(rows), 256, 0, st, x, k, n, src, div, q, d);
+  launch_kernel(k_tile_x, dim3(unsigned(rows), unsigned((k / 32 + 7) / 8)), 256, 0, st, x, k, n, src, div, q, d);
   check_launch("tile activations");
 }
 
@@ -593,8 +639,13 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
   a.n = n;
   a.groups = (n + 7) / 8;
   a.kb_per_split = ((a.nkb + splits - 1) / splits + 3) / 4 * 4;  // whole quads of blocks
-  const bool direct = splits == 1 && mode == MmqMode::Plain;
+  const bool direct = splits == 1 && (mode == MmqMode::Plain || (mode == MmqMode::Glu && all_frag(a)) ||
+                                      (mode == MmqMode::GeluTimes && nw == 1));
   a.part = direct ? nullptr : part;
+  if (direct) {
+    a.glu = mode == MmqMode::Glu;
+    a.m = mode == MmqMode::GeluTimes ? m : nullptr;
+  }
   const int nj = groups_per_tile(a.groups);
   const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
   launch(a, ws[0].type, nj, grid, st);
