@@ -740,32 +740,46 @@ TEST_F(CudaOps, MatmulWeightsConvertedAtLoad) {
       });
 }
 
-// A norm of a few rows also quantizes what it writes for the block-type GEMV after it; the GEMV
-// takes that copy only while nothing has run since. Here a norm's output goes to a Q4_0 product
-// directly, after an op that rescales it in place, and after an op on other memory.
+// A norm of a few rows also quantizes what it writes for the block-type product after it (3 rows:
+// the GEMV's layout; 8, with MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled one); the
+// product takes that copy only while nothing has run since. Here a norm's output goes to a Q4_0
+// product directly, after an op that rescales it in place, and after an op on other memory; against
+// the CPU, and against the GPU quantizing in the product's own kernel (MARKBASE_CUDA_NORM_QUANT=0:
+// the same numbers).
 TEST_F(CudaOps, NormThenBlockMatmulUsesTheNormsOwnQuantization) {
-  std::mt19937 rng(21);
-  const int64_t n = 3, d = 2560, m = 512;
-  const Weight w = random_weight(cpu(), gpu(), DType::Q4_0, {m, d}, rng);
-  const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), nw = randn(size_t(d), rng, 0.5f);
-  const Tensor nwc = upload(cpu(), {d}, nw), nwg = upload(gpu(), {d}, nw);
-  for (int between : {0, 1, 2}) {  // nothing; a scale of the norm's output; a scale of something else
-    for (int which : {0, 1, 2}) {  // rms_norm; add_rms_norm (in place); add_rms_norm_norm
-      auto side = [&](Backend& be, const Tensor& normw) {
-        Tensor xs = upload(be, {n, d}, x), bs = upload(be, {n, d}, br), other = upload(be, {n, d}, br);
-        Tensor y = be.scratch(DType::F32, {n, d});
-        Tensor* in = &y;
-        if (which == 0) be.rms_norm(xs, &normw, 1e-6f, false, y);
-        if (which == 1) be.add_rms_norm(xs, bs, &normw, 1e-6f, false, 1.f), in = &xs;
-        if (which == 2) be.add_rms_norm_norm(xs, bs, &normw, 1e-6f, false, 1.f, &normw, y);
-        if (between == 1) be.scale(*in, -2.f);
-        if (between == 2) be.scale(other, -2.f);
-        Tensor out = be.scratch(DType::F32, {n, m});
-        be.matmul(*in, &be == &cpu() ? w.c : w.g, out);
-        return download(be, out);
-      };
-      check("norm " + std::to_string(which) + " then Q4_0 matmul, between: " + std::to_string(between),
-            side(cpu(), nwc), side(gpu(), nwg), kTolMat);
+  const int64_t d = 2560, m = 512;
+  const std::unique_ptr<Backend> unfused = gpu_with("MARKBASE_CUDA_NORM_QUANT", "0"),
+                                 tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
+  auto weight_on = [&](Backend& be) {
+    std::mt19937 wr(23);
+    return random_weight(cpu(), be, DType::Q4_0, {m, d}, wr);
+  };
+  const Weight w = weight_on(*tiled), wu = weight_on(*unfused);
+  for (int64_t n : {3, 8}) {
+    std::mt19937 rng(21);
+    const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), nw = randn(size_t(d), rng, 0.5f);
+    for (int between : {0, 1, 2}) {  // nothing; a scale of the norm's output; a scale of something else
+      for (int which : {0, 1, 2}) {  // rms_norm; add_rms_norm (in place); add_rms_norm_norm
+        auto side = [&](Backend& be, const Tensor& wt) {
+          const Tensor normw = upload(be, {d}, nw);
+          Tensor xs = upload(be, {n, d}, x), bs = upload(be, {n, d}, br), other = upload(be, {n, d}, br);
+          Tensor y = be.scratch(DType::F32, {n, d});
+          Tensor* in = &y;
+          if (which == 0) be.rms_norm(xs, &normw, 1e-6f, false, y);
+          if (which == 1) be.add_rms_norm(xs, bs, &normw, 1e-6f, false, 1.f), in = &xs;
+          if (which == 2) be.add_rms_norm_norm(xs, bs, &normw, 1e-6f, false, 1.f, &normw, y);
+          if (between == 1) be.scale(*in, -2.f);
+          if (between == 2) be.scale(other, -2.f);
+          Tensor out = be.scratch(DType::F32, {n, m});
+          be.matmul(*in, wt, out);
+          return download(be, out);
+        };
+        const std::string label = "norm " + std::to_string(which) + " then Q4_0 matmul of " + std::to_string(n) +
+                                  " rows, between: " + std::to_string(between);
+        const auto fused = side(*tiled, w.g);
+        check(label, side(cpu(), w.c), fused, kTolMat);
+        check(label + ", against NORM_QUANT=0", side(*unfused, wu.g), fused, 1e-6);
+      }
     }
   }
 }
@@ -1340,40 +1354,46 @@ TEST_F(CudaOps, AttentionSplitsOfEveryRowMerged) {
 }
 
 // A decode row's attention output goes to a block-quantized product as the attention (or merge)
-// kernel quantized it (one kernel less a layer); the product matches the CPU's.
+// kernel quantized it (one kernel less a layer); the product matches the CPU's. So do 8 rows (with
+// MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled layout, written by the same kernels).
 TEST_F(CudaOps, AttentionThenBlockMatmulUsesTheAttentionsQuantization) {
   std::mt19937 rng(23);
   const AttnConfig c{8, 2, 256, 0, 0.f, 0.f, Layout::Flat};
   const int64_t m = 320;
-  const Weight w = random_weight(cpu(), gpu(), DType::Q4_0, {m, c.nh * c.hd}, rng);
+  const std::unique_ptr<Backend> tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
+  const Weight w = random_weight(cpu(), *tiled, DType::Q4_0, {m, c.nh * c.hd}, rng);
   const auto data = step_data(c, {{{0, 0, 60}}, {{0, 60, 1}}}, 9);
-  auto side = [&](Backend& be, const Tensor& wt) {
-    mb::KVStore kv;
-    kv.k = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
-    kv.v = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
-    kv.capacity = 61;
-    std::vector<int32_t> pos(61);
-    for (int i = 0; i < 61; ++i) pos[size_t(i)] = i;
-    std::vector<float> k_all(data[0].k), v_all(data[0].v);
-    k_all.insert(k_all.end(), data[1].k.begin(), data[1].k.end());
-    v_all.insert(v_all.end(), data[1].v.begin(), data[1].v.end());
-    Tensor k = upload(be, {61, c.nkv, c.hd}, k_all), v = upload(be, {61, c.nkv, c.hd}, v_all);
-    be.kv_write(kv, k, v, pos.data());
-    Tensor q = upload(be, {1, c.nh, c.hd}, data[1].q), out = poisoned(be, {1, c.nh, c.hd});
-    mb::AttentionParams ap;
-    ap.scale = 1.f / std::sqrt(float(c.hd));
-    be.attention(q, kv, pos.data() + 60, ap, out);
-    Tensor y = be.scratch(DType::F32, {1, m});
-    be.matmul(out.reshaped({1, c.nh * c.hd}), wt, y);
-    Tensor att = upload(be, {1, c.nh * c.hd}, download(be, out));  // the same values, quantized on their own
-    Tensor y_ref = be.scratch(DType::F32, {1, m});
-    be.matmul(att, wt, y_ref);
-    return std::make_pair(download(be, y), download(be, y_ref));
-  };
-  const auto [yc, yc_ref] = side(cpu(), w.c);
-  const auto [yg, yg_ref] = side(gpu(), w.g);
-  check("attention then Q4_0 matmul", yc, yg, kTolMat);
-  check("attention's own quantization vs quantize_x of its output", yg_ref, yg, 1e-6);
+  for (int64_t rows : {1, 8}) {
+    const auto q_rows = rows == 1 ? data[1].q : randn(size_t(rows * c.nh * c.hd), rng);
+    auto side = [&](Backend& be, const Tensor& wt) {
+      mb::KVStore kv;
+      kv.k = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
+      kv.v = be.alloc(be.kv_dtype(), {61, c.nkv, c.hd});
+      kv.capacity = 61;
+      std::vector<int32_t> pos(61);
+      for (int i = 0; i < 61; ++i) pos[size_t(i)] = i;
+      std::vector<float> k_all(data[0].k), v_all(data[0].v);
+      k_all.insert(k_all.end(), data[1].k.begin(), data[1].k.end());
+      v_all.insert(v_all.end(), data[1].v.begin(), data[1].v.end());
+      Tensor k = upload(be, {61, c.nkv, c.hd}, k_all), v = upload(be, {61, c.nkv, c.hd}, v_all);
+      be.kv_write(kv, k, v, pos.data());
+      Tensor q = upload(be, {rows, c.nh, c.hd}, q_rows), out = poisoned(be, {rows, c.nh, c.hd});
+      mb::AttentionParams ap;
+      ap.scale = 1.f / std::sqrt(float(c.hd));
+      be.attention(q, kv, pos.data() + 61 - rows, ap, out);
+      Tensor y = be.scratch(DType::F32, {rows, m});
+      be.matmul(out.reshaped({rows, c.nh * c.hd}), wt, y);
+      Tensor att = upload(be, {rows, c.nh * c.hd}, download(be, out));  // the same values, quantized on their own
+      Tensor y_ref = be.scratch(DType::F32, {rows, m});
+      be.matmul(att, wt, y_ref);
+      return std::make_pair(download(be, y), download(be, y_ref));
+    };
+    const std::string n = " (" + std::to_string(rows) + " rows)";
+    const auto [yc, yc_ref] = side(cpu(), w.c);
+    const auto [yg, yg_ref] = side(*tiled, w.g);
+    check("attention then Q4_0 matmul" + n, yc, yg, kTolMat);
+    check("attention's own quantization vs quantize_x of its output" + n, yg_ref, yg, 1e-6);
+  }
 }
 
 // Several sequences in one kv_write_batch + attention_batch call: decode rows (count 1) beside

@@ -51,6 +51,14 @@ bool gemv_early_loads() {
   return on;
 }
 
+int attention_waves() {
+  static const int n = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_ATTN_WAVES");
+    return v ? std::max(1, std::atoi(v)) : 2;
+  }();
+  return n;
+}
+
 int gemv_resident_waves() {
   static const int n = [] {
     const char* v = std::getenv("MARKBASE_CUDA_GEMV_WAVES");
@@ -193,6 +201,7 @@ class CudaBackend final : public Backend {
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
+    tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 0) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
@@ -1071,14 +1080,18 @@ class CudaBackend final : public Backend {
     return g;
   }
 
-  // A norm's output of a few rows is quantized by the norm's kernel as it writes it, for the GEMV
-  // that most likely reads it next (a decode step's Q/K/V, FFN and per-layer-input products):
-  // one kernel less per product. quantized() takes that copy while no CUDA call has come
-  // between (g_device_calls unchanged: nothing can have written the activations since).
+  // A norm's (or the attention's) output of a few rows is quantized by its kernel as it writes it,
+  // for the GEMV that most likely reads it next (a decode step's Q/K/V, output, FFN and
+  // per-layer-input products): one kernel less per product. quantized() takes that copy while no
+  // CUDA call has come between (g_device_calls unchanged: nothing can have written the activations
+  // since). With MARKBASE_CUDA_TILED_QUANT=1 (not yet the default: not yet run on a GPU), rows past
+  // the GEMV's, in whole groups of 8, go out in the block products' tiled layout instead (tiled;
+  // mmq_batch takes it in place of a tile_x launch).
   struct NormQuant {
     const void* x = nullptr;
     int64_t n = 0, k = 0;
     uint64_t calls = 0;
+    bool tiled = false;
     Tensor q, d, s;
   };
   NormQuant norm_quant_;
@@ -1088,10 +1101,18 @@ class CudaBackend final : public Backend {
     const int64_t n = y.rows(), k = y.cols();
     if (!fuse_quant_ || n == 0 || n > 2 * kGemvMaxRows || k % 32 != 0) return {};
     NormQuant& p = norm_quant_;
+    p.tiled = tiled_quant_ && n % 8 == 0 && n > (gemv_rows_ >= 0 ? gemv_rows_ : 4);
     p.q = scratch(DType::U8, {n * k});
     p.d = scratch(DType::F32, {n * k / 32});
+    if (p.tiled) return {p.q.ptr<int8_t>(), p.d.f32(), nullptr, k};
     p.s = scratch(DType::F32, {n * k / 32});
     return {p.q.ptr<int8_t>(), p.d.f32(), p.s.f32()};
+  }
+  // Whether the norm before wrote x as it is now, in that layout.
+  bool norm_quantized(const Tensor& x, bool tiled) const {
+    const NormQuant& p = norm_quant_;
+    return p.x == x.data && p.n == x.rows() && p.k == x.cols() && p.tiled == tiled &&
+           p.calls == g_device_calls.load(std::memory_order_relaxed);
   }
   void quantized_now(const Tensor& y, const QuantOut& qo) {
     if (!qo.q) return;
@@ -1105,7 +1126,7 @@ class CudaBackend final : public Backend {
     const int64_t n = x.rows(), k = x.cols();
     MB_CHECK(k % 32 == 0, "cuda backend: rows of {} elements cannot meet block-quantized weights", k);
     NormQuant& p = norm_quant_;
-    if (p.x == x.data && p.n == n && p.k == k && p.calls == g_device_calls.load(std::memory_order_relaxed)) {
+    if (norm_quantized(x, false)) {
       q = std::move(p.q);
       d = std::move(p.d);
       s = std::move(p.s);
@@ -1165,8 +1186,16 @@ class CudaBackend final : public Backend {
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
     const int64_t n = x.rows(), k = x.cols(), rows = tiled_x_rows(n);
-    Tensor q = scratch(DType::U8, {rows * k}), d = scratch(DType::F32, {rows * k / 32});
-    tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
+    Tensor q, d;
+    if (norm_quantized(x, true)) {
+      q = std::move(norm_quant_.q);
+      d = std::move(norm_quant_.d);
+      norm_quant_ = NormQuant();
+    } else {
+      q = scratch(DType::U8, {rows * k});
+      d = scratch(DType::F32, {rows * k / 32});
+      tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
+    }
     const int64_t splits = mmq_splits(ws, nw, n);
     int64_t total = 0;
     for (int i = 0; i < nw; ++i) total += ws[i].rows;
@@ -1315,6 +1344,7 @@ class CudaBackend final : public Backend {
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
   bool fuse_quant_ = true;
+  bool tiled_quant_ = false;  // MARKBASE_CUDA_TILED_QUANT=1: see NormQuant
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)

@@ -94,12 +94,21 @@ __device__ __forceinline__ int quantize_lane(float v, float& d) {
   return amax == 0.f ? 0 : __float2int_rn(v / d);
 }
 
+// Where element e (row e / cols, column e % cols; cols a multiple of 32) lies in the block products'
+// tiled activations (tile_x in kernels_mmq.cu): its byte in q (qi) and its block's scale in d (di).
+__device__ __forceinline__ void tiled_at(int64_t e, int64_t cols, int64_t& qi, int64_t& di) {
+  const int64_t r = e / cols, c = e % cols, blk = r / 8 * (cols / 32) + c / 32;
+  const int t = int(r % 8), w = int(c % 32);
+  qi = (blk * 32 + t * 4 + (w % 16) / 4) * 8 + (w / 16) * 4 + w % 4;
+  di = blk * 8 + t;
+}
+
 // quantize32 for a block of 32 held four to a lane by 8 lanes (lanes 8g..8g+7 of a warp, element
 // e0 = the lane's first, a multiple of 4): the same numbers (the max and the integer sum do not
 // depend on the order they are formed in). Every lane of the warp calls it; lanes with !write
 // (past a row's end, in whole groups of 8) only take part in the shuffles.
 __device__ __forceinline__ void quantize32_quad(const float (&v)[4], int64_t e0, bool write, int8_t* q, float* d,
-                                                float* s) {
+                                                float* s, int64_t tiled_cols = 0) {
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -114,6 +123,13 @@ __device__ __forceinline__ void quantize32_quad(const float (&v)[4], int64_t e0,
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
   if (!write) return;
+  if (tiled_cols) {
+    int64_t at, di;
+    tiled_at(e0, tiled_cols, at, di);
+    *reinterpret_cast<char4*>(q + at) = make_char4(char(qi[0]), char(qi[1]), char(qi[2]), char(qi[3]));
+    if (threadIdx.x % 8 == 0) d[di] = dd;
+    return;
+  }
   *reinterpret_cast<char4*>(q + e0) = make_char4(char(qi[0]), char(qi[1]), char(qi[2]), char(qi[3]));
   if (threadIdx.x % 8 == 0) {
     d[e0 / 32] = dd;
@@ -123,9 +139,16 @@ __device__ __forceinline__ void quantize32_quad(const float (&v)[4], int64_t e0,
 
 // Activation e of a block of 32 held one per lane (lane = e % 32) to int8 (quantize_lane) with
 // s = d * sum(q) (the offset term of unsigned weight nibbles).
-__device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s) {
+__device__ __forceinline__ void quantize32(float v, int64_t e, int8_t* q, float* d, float* s, int64_t tiled_cols = 0) {
   float dd;
   const int qi = quantize_lane(v, dd);
+  if (tiled_cols) {
+    int64_t at, di;
+    tiled_at(e, tiled_cols, at, di);
+    q[at] = int8_t(qi);
+    if (threadIdx.x % 32 == 0) d[di] = dd;
+    return;
+  }
   q[e] = int8_t(qi);
   const float qs = warp_sum(float(qi));
   if (threadIdx.x % 32 == 0) {

@@ -43,6 +43,7 @@ struct QuantOut {
   int8_t* q = nullptr;
   float* d = nullptr;
   float* s = nullptr;
+  int64_t tiled_cols = 0;  // non-zero: q and d in tile_x's layout for the block products (rows a multiple of 8; no s)
 };
 
 // Whether GEMVs over fixed weights load their first weights before waiting for the kernel before
@@ -54,6 +55,9 @@ extern std::atomic<uint64_t> g_device_calls;
 // GEMV grids hold at most this many times the blocks the GPU keeps resident, their warps looping
 // over rows (MARKBASE_CUDA_GEMV_WAVES, default 2: E4B Q4_0 tg128 +2% over 0, a block per 8 rows).
 int gemv_resident_waves();
+// Waves of blocks (a block a multiprocessor each) that decode attention's key splits aim for
+// (MARKBASE_CUDA_ATTN_WAVES, default 2).
+int attention_waves();
 // y[n, m] = x[n, k] · wᵀ for n <= kGemvMaxRows. x is read as f32 (F32/BF16 weights) or as xq.
 inline constexpr int kGemvMaxRows = 8;
 void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float* y, cudaStream_t st);

@@ -125,7 +125,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int
       const int64_t at = (row * nh + h0 + i) * hd + e;
       const float o = v[u] * inv_l[i];
       out[at] = o;
-      if (a.qo.q) quantize32(o, at, a.qo.q, a.qo.d, a.qo.s);
+      if (a.qo.q) quantize32(o, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
     }
   }
 }
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       if (S == 1) {
         const int64_t at = (row * nh + h) * hd + e;
         out[at] = v / L;
-        if (a.qo.q) quantize32(v / L, at, a.qo.q, a.qo.d, a.qo.s);
+        if (a.qo.q) quantize32(v / L, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
       } else {
         part[((row * nh + h) * S + split) * (hd + 2) + 2 + e] = v;
       }
@@ -440,7 +440,7 @@ int64_t attention_splits(const AttnArgs& a) {
   // (Longer splits, fewer of them, were slower on E4B Q4_0 tg128 after 512 tokens: 359 tok/s at
   // 32 keys, 341 at 64, 301 at 128, 240 at 256 - one split, no merge.)
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
-  const int64_t fill = (2 * 132 + base - 1) / (base > 0 ? base : 1);
+  const int64_t fill = (attention_waves() * 132 + base - 1) / (base > 0 ? base : 1);
   int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 31) / 32));
   return s < 1 ? 1 : s > 32 ? 32 : s;
 }

@@ -17,7 +17,8 @@ __global__ void k_embed(GpuWeight t, const int32_t* ids, int64_t n, float scale,
 }
 
 // QuantOut q (q.q non-null; cols a multiple of 32, blocks of a multiple of 32 threads): the norms
-// also write what they write as int8 blocks (quantize32), for the GEMV that reads it next.
+// also write what they write as int8 blocks (quantize32), for the GEMV or the block products
+// (QuantOut::tiled_cols) that read it next.
 __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_one, int64_t cols, float* y,
                            QuantOut qo) {
   pdl_begin();
@@ -28,7 +29,7 @@ __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_on
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float r = xr[c] * inv * norm_factor(w, c, add_one);
     yr[c] = r;
-    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
   }
 }
 
@@ -52,7 +53,7 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
     float r = xr[c] + b[c] * inv * norm_factor(w, c, add_one);
     if (scale != 1.f) r *= scale;
     xr[c] = r;
-    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
   }
 }
 
@@ -75,7 +76,7 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float r = xr[c] * inv2 * norm_factor(w2, c, add_one);
     yr[c] = r;
-    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s);
+    if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
   }
 }
 
@@ -150,7 +151,7 @@ __global__ void k_norm_regs(float* x, const float* br, const float* w, const flo
     // Blocks of 32 are 8 whole float4s, so a group of 8 lanes is all in the row or all past it.
     if (qo.q && j * blockDim.x < nvec) {
       const float v4[4] = {out[j].x, out[j].y, out[j].z, out[j].w};
-      quantize32_quad(v4, base + 4 * i, i < nvec, qo.q, qo.d, qo.s);
+      quantize32_quad(v4, base + 4 * i, i < nvec, qo.q, qo.d, qo.s, qo.tiled_cols);
     }
   }
 }
