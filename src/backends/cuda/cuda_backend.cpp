@@ -1108,11 +1108,18 @@ class CudaBackend final : public Backend {
     p.s = scratch(DType::F32, {n * k / 32});
     return {p.q.ptr<int8_t>(), p.d.f32(), p.s.f32()};
   }
-  // Whether the norm before wrote x as it is now, in that layout.
-  bool norm_quantized(const Tensor& x, bool tiled) const {
-    const NormQuant& p = norm_quant_;
-    return p.x == x.data && p.n == x.rows() && p.k == x.cols() && p.tiled == tiled &&
-           p.calls == g_device_calls.load(std::memory_order_relaxed);
+  // The copy of x the norm before wrote, where it wrote x as it is now and in that layout (q, d and,
+  // where s is given, s; false: none).
+  bool take_norm_quant(const Tensor& x, bool tiled, Tensor& q, Tensor& d, Tensor* s) {
+    NormQuant& p = norm_quant_;
+    if (p.x != x.data || p.n != x.rows() || p.k != x.cols() || p.tiled != tiled ||
+        p.calls != g_device_calls.load(std::memory_order_relaxed))
+      return false;
+    q = std::move(p.q);
+    d = std::move(p.d);
+    if (s) *s = std::move(p.s);
+    p = NormQuant();
+    return true;
   }
   void quantized_now(const Tensor& y, const QuantOut& qo) {
     if (!qo.q) return;
@@ -1125,13 +1132,7 @@ class CudaBackend final : public Backend {
   QuantX quantized(const Tensor& x, Tensor& q, Tensor& d, Tensor& s) {
     const int64_t n = x.rows(), k = x.cols();
     MB_CHECK(k % 32 == 0, "cuda backend: rows of {} elements cannot meet block-quantized weights", k);
-    NormQuant& p = norm_quant_;
-    if (norm_quantized(x, false)) {
-      q = std::move(p.q);
-      d = std::move(p.d);
-      s = std::move(p.s);
-      p = NormQuant();
-    } else {
+    if (!take_norm_quant(x, false, q, d, &s)) {
       q = scratch(DType::U8, {n * k});
       d = scratch(DType::F32, {n * k / 32});
       s = scratch(DType::F32, {n * k / 32});
@@ -1187,11 +1188,7 @@ class CudaBackend final : public Backend {
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
     const int64_t n = x.rows(), k = x.cols(), rows = tiled_x_rows(n);
     Tensor q, d;
-    if (norm_quantized(x, true)) {
-      q = std::move(norm_quant_.q);
-      d = std::move(norm_quant_.d);
-      norm_quant_ = NormQuant();
-    } else {
+    if (!take_norm_quant(x, true, q, d, nullptr)) {
       q = scratch(DType::U8, {rows * k});
       d = scratch(DType::F32, {rows * k / 32});
       tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
