@@ -1101,7 +1101,7 @@ class CudaBackend final : public Backend {
     const int64_t n = y.rows(), k = y.cols();
     if (!fuse_quant_ || n == 0 || n > 2 * kGemvMaxRows || k % 32 != 0) return {};
     NormQuant& p = norm_quant_;
-    p.tiled = tiled_quant_ && n % 8 == 0 && n > (gemv_rows_ >= 0 ? gemv_rows_ : 4);
+    p.tiled = tiled_quant_ && n % 8 == 0 && n > gemv_block_rows();
     p.q = scratch(DType::U8, {n * k});
     p.d = scratch(DType::F32, {n * k / 32});
     if (p.tiled) return {p.q.ptr<int8_t>(), p.d.f32(), nullptr, k};
@@ -1146,6 +1146,8 @@ class CudaBackend final : public Backend {
     return xq;
   }
 
+  // The most rows the GEMV takes of block-type weights where a bf16 copy could serve.
+  int64_t gemv_block_rows() const { return gemv_rows_ >= 0 ? gemv_rows_ : 4; }
   // Few activation rows against weights of one type and width: the GEMV kernels.
   bool use_gemv(const std::vector<GpuWeight>& gw, int64_t n) const {
     if (debug_ & 1) return false;
@@ -1154,7 +1156,7 @@ class CudaBackend final : public Backend {
     // Where cuBLAS can read bf16 rows as they are (no slab dequantization), it wins from a few rows
     // up (H200, E4B, tok/s at 1/2/4/8 rows: Q4_0 GEMV 293/477/710/835 vs cuBLAS -/304/642/1,209;
     // BF16 GEMV 194 at 1 row, 277 at 8 vs cuBLAS 185 and 1,325).
-    const int64_t cap = gemv_rows_ >= 0 ? gemv_rows_ : q ? 4 : 1;
+    const int64_t cap = q ? gemv_block_rows() : gemv_rows_ >= 0 ? gemv_rows_ : 1;
     if (n > cap) {
       bool gemm_ready = true;
       for (const GpuWeight& w : gw) gemm_ready = gemm_ready && (w.type == WType::BF16 || w.bf16);
@@ -1173,8 +1175,7 @@ class CudaBackend final : public Backend {
   // rows there (planes where a weight has no fragment copy), 0 none.
   static constexpr int64_t kMmqRowsBesideCopies = 8;
   bool use_mmq(const std::vector<GpuWeight>& gw, int64_t n) const {
-    if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= (gemv_rows_ >= 0 ? gemv_rows_ : 4) ||
-        (debug_ & 1))
+    if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= gemv_block_rows() || (debug_ & 1))
       return false;
     bool copies = true, frags = true;
     for (const GpuWeight& w : gw) {
@@ -1197,7 +1198,7 @@ class CudaBackend final : public Backend {
     int64_t total = 0;
     for (int i = 0; i < nw; ++i) total += ws[i].rows;
     Tensor part;
-    if (splits > 1 || mode != MmqMode::Plain) part = scratch(DType::F32, {splits * n * total});
+    if (!mmq_direct(ws, nw, mode, splits)) part = scratch(DType::F32, {splits * n * total});
     mmq(ws, ys, nw, mode, m, q.ptr<int8_t>(), d.f32(), n, splits, part.empty() ? nullptr : part.f32(), st_);
   }
 

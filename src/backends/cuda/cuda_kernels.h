@@ -86,9 +86,11 @@ void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, i
 // ys[i][n, rows_i] = x · ws[i]ᵀ (Plain), ys[0] = gelu_tanh(x · ws[0]ᵀ) * (x · ws[1]ᵀ) (Glu) or
 // gelu_tanh(x · ws[0]ᵀ) * m (GeluTimes); nw <= 3 weights of one type and width. K is cut into
 // `splits` (mmq_splits) whose partial sums go to `part` [splits, n, Σ rows] and are added in a
-// second kernel (not needed for Plain with one split: part may be null then).
+// second kernel (not where mmq_direct: part may be null then).
 enum class MmqMode : int { Plain = 0, Glu = 1, GeluTimes = 2 };
 int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n);
+// Whether the product kernel writes ys itself (one split; the GLU epilogue needs fragment-ordered weights).
+bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits);
 void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
          const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st);
 // Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles of up to 64 rows

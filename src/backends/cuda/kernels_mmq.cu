@@ -23,6 +23,7 @@ namespace mb::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kTileXThreads = 256;  // k_tile_x: a warp a block of 32, so 8 blocks of a row a CUDA block
 constexpr int kTileRows = 16 * kWarps;  // weight rows a block computes
 constexpr int kMaxGroups = 8;           // activation groups of 8 a block computes (NJ)
 // Blocks of 32 whose weights a warp loads before its products (8 for one or two groups was
@@ -608,7 +609,9 @@ int64_t tiled_x_rows(int64_t n) { return (n + 7) / 8 * 8; }
 void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, int64_t rows, int8_t* q, float* d,
             cudaStream_t st) {
   if (rows == 0) return;
-  launch_kernel(k_tile_x, dim3(unsigned(rows), unsigned((k / 32 + 7) / 8)), 256, 0, st, x, k, n, src, div, q, d);
+  constexpr int warps = kTileXThreads / 32;
+  launch_kernel(k_tile_x, dim3(unsigned(rows), unsigned((k / 32 + warps - 1) / warps)), kTileXThreads, 0, st, x, k, n,
+                src, div, q, d);
   check_launch("tile activations");
 }
 
@@ -621,6 +624,13 @@ int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n) {
   // Enough blocks for two a multiprocessor; each split at least 8 blocks of 32.
   const int64_t want = (2 * sm_count() + blocks - 1) / blocks;
   return std::max<int64_t>(1, std::min<int64_t>(want, nb / 8));
+}
+
+bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits) {
+  bool frag = true;
+  for (int i = 0; i < nw; ++i) frag = frag && ws[i].frag;
+  return splits == 1 && (mode == MmqMode::Plain || (mode == MmqMode::Glu && frag) ||
+                         (mode == MmqMode::GeluTimes && nw == 1));
 }
 
 void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
@@ -639,8 +649,7 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
   a.n = n;
   a.groups = (n + 7) / 8;
   a.kb_per_split = ((a.nkb + splits - 1) / splits + 3) / 4 * 4;  // whole quads of blocks
-  const bool direct = splits == 1 && (mode == MmqMode::Plain || (mode == MmqMode::Glu && all_frag(a)) ||
-                                      (mode == MmqMode::GeluTimes && nw == 1));
+  const bool direct = mmq_direct(ws, nw, mode, splits);
   a.part = direct ? nullptr : part;
   if (direct) {
     a.glu = mode == MmqMode::Glu;
