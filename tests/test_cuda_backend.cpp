@@ -741,21 +741,24 @@ TEST_F(CudaOps, MatmulWeightsConvertedAtLoad) {
 }
 
 // A norm of a few rows also quantizes what it writes for the block-type product after it (3 rows:
-// the GEMV's layout; 8, with MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled one); the
-// product takes that copy only while nothing has run since. Here a norm's output goes to a Q4_0
-// product directly, after an op that rescales it in place, and after an op on other memory; against
-// the CPU, and against the GPU quantizing in the product's own kernel (MARKBASE_CUDA_NORM_QUANT=0:
-// the same numbers).
+// the GEMV's layout; 8, with MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled one), and of
+// more rows writes a bf16 copy for cuBLAS (40 rows, BF16 weights); the product takes that copy
+// only while nothing has run since. Here a norm's output goes to the product directly, after an op
+// that rescales it in place, and after an op on other memory; against the CPU, and against the GPU
+// converting in the product's own kernels (MARKBASE_CUDA_NORM_QUANT=0: the same numbers).
 TEST_F(CudaOps, NormThenBlockMatmulUsesTheNormsOwnQuantization) {
   const int64_t d = 2560, m = 512;
   const std::unique_ptr<Backend> unfused = gpu_with("MARKBASE_CUDA_NORM_QUANT", "0"),
                                  tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
-  auto weight_on = [&](Backend& be) {
+  auto weight_on = [&](Backend& be, DType dt) {
     std::mt19937 wr(23);
-    return random_weight(cpu(), be, DType::Q4_0, {m, d}, wr);
+    return random_weight(cpu(), be, dt, {m, d}, wr);
   };
-  const Weight w = weight_on(*tiled), wu = weight_on(*unfused);
-  for (int64_t n : {3, 8}) {
+  const Weight wq = weight_on(*tiled, DType::Q4_0), wqu = weight_on(*unfused, DType::Q4_0);
+  const Weight wb = weight_on(*tiled, DType::BF16), wbu = weight_on(*unfused, DType::BF16);
+  for (int64_t n : {3, 8, 40}) {
+    const Weight& w = n > 16 ? wb : wq;
+    const Weight& wu = n > 16 ? wbu : wqu;
     std::mt19937 rng(21);
     const auto x = randn(size_t(n * d), rng, 3.f), br = randn(size_t(n * d), rng), nw = randn(size_t(d), rng, 0.5f);
     for (int between : {0, 1, 2}) {  // nothing; a scale of the norm's output; a scale of something else
@@ -774,7 +777,7 @@ TEST_F(CudaOps, NormThenBlockMatmulUsesTheNormsOwnQuantization) {
           be.matmul(*in, wt, out);
           return download(be, out);
         };
-        const std::string label = "norm " + std::to_string(which) + " then Q4_0 matmul of " + std::to_string(n) +
+        const std::string label = "norm " + std::to_string(which) + " then matmul of " + std::to_string(n) +
                                   " rows, between: " + std::to_string(between);
         const auto fused = side(*tiled, w.g);
         check(label, side(cpu(), w.c), fused, kTolMat);
@@ -1355,15 +1358,18 @@ TEST_F(CudaOps, AttentionSplitsOfEveryRowMerged) {
 
 // A decode row's attention output goes to a block-quantized product as the attention (or merge)
 // kernel quantized it (one kernel less a layer); the product matches the CPU's. So do 8 rows (with
-// MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled layout, written by the same kernels).
+// MARKBASE_CUDA_TILED_QUANT=1: the block products' tiled layout, written by the same kernels), and
+// 40 rows into a BF16 product (the bf16 copy the same kernels write for cuBLAS).
 TEST_F(CudaOps, AttentionThenBlockMatmulUsesTheAttentionsQuantization) {
   std::mt19937 rng(23);
   const AttnConfig c{8, 2, 256, 0, 0.f, 0.f, Layout::Flat};
   const int64_t m = 320;
   const std::unique_ptr<Backend> tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
-  const Weight w = random_weight(cpu(), *tiled, DType::Q4_0, {m, c.nh * c.hd}, rng);
+  const Weight wq = random_weight(cpu(), *tiled, DType::Q4_0, {m, c.nh * c.hd}, rng);
+  const Weight wb = random_weight(cpu(), *tiled, DType::BF16, {m, c.nh * c.hd}, rng);
   const auto data = step_data(c, {{{0, 0, 60}}, {{0, 60, 1}}}, 9);
-  for (int64_t rows : {1, 8}) {
+  for (int64_t rows : {1, 8, 40}) {
+    const Weight& w = rows > 16 ? wb : wq;
     const auto q_rows = rows == 1 ? data[1].q : randn(size_t(rows * c.nh * c.hd), rng);
     auto side = [&](Backend& be, const Tensor& wt) {
       mb::KVStore kv;
@@ -1391,8 +1397,8 @@ TEST_F(CudaOps, AttentionThenBlockMatmulUsesTheAttentionsQuantization) {
     const std::string n = " (" + std::to_string(rows) + " rows)";
     const auto [yc, yc_ref] = side(cpu(), w.c);
     const auto [yg, yg_ref] = side(*tiled, w.g);
-    check("attention then Q4_0 matmul" + n, yc, yg, kTolMat);
-    check("attention's own quantization vs quantize_x of its output" + n, yg_ref, yg, 1e-6);
+    check("attention then matmul" + n, yc, yg, kTolMat);
+    check("attention's own quantization (or bf16) vs the product's of its output" + n, yg_ref, yg, 1e-6);
   }
 }
 

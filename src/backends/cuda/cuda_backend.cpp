@@ -202,6 +202,7 @@ class CudaBackend final : public Backend {
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
     tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 0) != 0;
+    bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 1) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
@@ -518,7 +519,9 @@ class CudaBackend final : public Backend {
     Tensor up = scratch(DType::F32, out.shape), xb;
     gemm(x, xb, gw[0], out);
     gemm(x, xb, gw[1], up);
-    cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_);
+    const QuantOut qo = quantize_next(out, true);  // for the down projection
+    cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_, qo.bf16);
+    quantized_now(out, qo);
   }
 
   // A media tower's clipped linear on cuBLAS's path: x clamped as it is rounded to bf16, y clamped and
@@ -536,11 +539,14 @@ class CudaBackend final : public Backend {
     on_device(x, "matmul_clipped x");
     on_device(y, "matmul_clipped y");
     if (times) on_device(*times, "matmul_clipped times");
-    Tensor xb = scratch(DType::BF16, {n, k});
-    if (clip.clips_input())
-      cuda::clamp_to_bf16(x.f32(), n * k, clip.in_lo, clip.in_hi, xb.ptr<uint16_t>(), st_);
-    else
-      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    Tensor xb;
+    if (clip.clips_input() || !take_norm_quant(x, CopyLayout::Bf16, xb)) {
+      xb = scratch(DType::BF16, {n, k});
+      if (clip.clips_input())
+        cuda::clamp_to_bf16(x.f32(), n * k, clip.in_lo, clip.in_hi, xb.ptr<uint16_t>(), st_);
+      else
+        cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    }
     gemm(x, xb, gw, y);
     const cuda::ClipAct a = act == Activation::Silu            ? cuda::ClipAct::Silu
                             : act == Activation::GeluTanhTimes ? cuda::ClipAct::GeluTanhTimes
@@ -781,7 +787,9 @@ class CudaBackend final : public Backend {
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     const int64_t n = gate.numel();
     MB_CHECK(up.numel() == n && out.numel() == n, "gelu_tanh_mul: sizes differ");
-    cuda::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n, st_);
+    const QuantOut qo = out.rank() == 2 ? quantize_next(out, true) : QuantOut{};
+    cuda::gelu_tanh_mul(gate.f32(), up.f32(), out.f32(), n, st_, qo.bf16);
+    quantized_now(out, qo);
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t n = a.numel(), bn = add_operand(a, b, out);
@@ -1085,44 +1093,64 @@ class CudaBackend final : public Backend {
   // per-layer-input products): one kernel less per product. quantized() takes that copy while no
   // CUDA call has come between (g_device_calls unchanged: nothing can have written the activations
   // since). With MARKBASE_CUDA_TILED_QUANT=1 (not yet the default: not yet run on a GPU), rows past
-  // the GEMV's, in whole groups of 8, go out in the block products' tiled layout instead (tiled;
-  // mmq_batch takes it in place of a tile_x launch).
+  // the GEMV's, in whole groups of 8, go out in the block products' tiled layout instead (mmq_batch
+  // takes it in place of a tile_x launch). More rows than the GEMV takes go out as bf16 for cuBLAS
+  // (gemm takes it in place of an f32_to_bf16 launch: 12% of a 128-stream step on an H100);
+  // MARKBASE_CUDA_BF16_OUT=0 turns that off.
+  enum class CopyLayout { None, Rows, Tiled, Bf16 };
   struct NormQuant {
     const void* x = nullptr;
     int64_t n = 0, k = 0;
     uint64_t calls = 0;
-    bool tiled = false;
-    Tensor q, d, s;
+    CopyLayout layout = CopyLayout::None;
+    Tensor q, d, s;  // Bf16: q holds the rows
   };
   NormQuant norm_quant_;
 
-  QuantOut quantize_next(const Tensor& y) {
+  // bf16_only: the kernel writes only a bf16 copy (none for rows the GEMV takes).
+  QuantOut quantize_next(const Tensor& y, bool bf16_only = false) {
     norm_quant_ = NormQuant();
     const int64_t n = y.rows(), k = y.cols();
-    if (!fuse_quant_ || n == 0 || n > 2 * kGemvMaxRows || k % 32 != 0) return {};
+    if (!fuse_quant_ || n == 0) return {};
     NormQuant& p = norm_quant_;
-    p.tiled = tiled_quant_ && n % 8 == 0 && n > gemv_block_rows();
+    QuantOut qo;
+    if (n > 2 * kGemvMaxRows) {
+      if (!bf16_out_) return {};
+      p.layout = CopyLayout::Bf16;
+      p.q = scratch(DType::BF16, {n, k});
+      qo.bf16 = p.q.ptr<uint16_t>();
+      return qo;
+    }
+    if (bf16_only || k % 32 != 0) return {};
+    const bool tiled = tiled_quant_ && n % 8 == 0 && n > gemv_block_rows();
+    p.layout = tiled ? CopyLayout::Tiled : CopyLayout::Rows;
     p.q = scratch(DType::U8, {n * k});
     p.d = scratch(DType::F32, {n * k / 32});
-    if (p.tiled) return {p.q.ptr<int8_t>(), p.d.f32(), nullptr, k};
+    qo.q = p.q.ptr<int8_t>();
+    qo.d = p.d.f32();
+    if (tiled) {
+      qo.tiled_cols = k;
+      return qo;
+    }
     p.s = scratch(DType::F32, {n * k / 32});
-    return {p.q.ptr<int8_t>(), p.d.f32(), p.s.f32()};
+    qo.s = p.s.f32();
+    return qo;
   }
-  // The copy of x the norm before wrote, where it wrote x as it is now and in that layout (q, d and,
-  // where s is given, s; false: none).
-  bool take_norm_quant(const Tensor& x, bool tiled, Tensor& q, Tensor& d, Tensor* s) {
+  // The copy of x the kernel before wrote, where it wrote x as it is now and in that layout (q, and
+  // where given d and s; false: none).
+  bool take_norm_quant(const Tensor& x, CopyLayout layout, Tensor& q, Tensor* d = nullptr, Tensor* s = nullptr) {
     NormQuant& p = norm_quant_;
-    if (p.x != x.data || p.n != x.rows() || p.k != x.cols() || p.tiled != tiled ||
+    if (p.x != x.data || p.n != x.rows() || p.k != x.cols() || p.layout != layout ||
         p.calls != g_device_calls.load(std::memory_order_relaxed))
       return false;
     q = std::move(p.q);
-    d = std::move(p.d);
+    if (d) *d = std::move(p.d);
     if (s) *s = std::move(p.s);
     p = NormQuant();
     return true;
   }
   void quantized_now(const Tensor& y, const QuantOut& qo) {
-    if (!qo.q) return;
+    if (!qo.q && !qo.bf16) return;
     norm_quant_.x = y.data;
     norm_quant_.n = y.rows();
     norm_quant_.k = y.cols();
@@ -1132,7 +1160,7 @@ class CudaBackend final : public Backend {
   QuantX quantized(const Tensor& x, Tensor& q, Tensor& d, Tensor& s) {
     const int64_t n = x.rows(), k = x.cols();
     MB_CHECK(k % 32 == 0, "cuda backend: rows of {} elements cannot meet block-quantized weights", k);
-    if (!take_norm_quant(x, false, q, d, &s)) {
+    if (!take_norm_quant(x, CopyLayout::Rows, q, &d, &s)) {
       q = scratch(DType::U8, {n * k});
       d = scratch(DType::F32, {n * k / 32});
       s = scratch(DType::F32, {n * k / 32});
@@ -1189,7 +1217,7 @@ class CudaBackend final : public Backend {
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
     const int64_t n = x.rows(), k = x.cols(), rows = tiled_x_rows(n);
     Tensor q, d;
-    if (!take_norm_quant(x, true, q, d, nullptr)) {
+    if (!take_norm_quant(x, CopyLayout::Tiled, q, &d)) {
       q = scratch(DType::U8, {rows * k});
       d = scratch(DType::F32, {rows * k / 32});
       tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
@@ -1221,7 +1249,7 @@ class CudaBackend final : public Backend {
                  "f32 matrix product");
       return;
     }
-    if (xb.empty()) {
+    if (xb.empty() && !take_norm_quant(x, CopyLayout::Bf16, xb)) {
       xb = scratch(DType::BF16, {n, k});
       cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
     }
@@ -1343,6 +1371,7 @@ class CudaBackend final : public Backend {
   int debug_ = 0;
   bool fuse_quant_ = true;
   bool tiled_quant_ = false;  // MARKBASE_CUDA_TILED_QUANT=1: see NormQuant
+  bool bf16_out_ = true;      // MARKBASE_CUDA_BF16_OUT=0: see NormQuant
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)

@@ -44,6 +44,7 @@ struct QuantOut {
   float* d = nullptr;
   float* s = nullptr;
   int64_t tiled_cols = 0;  // non-zero: q and d in tile_x's layout for the block products (rows a multiple of 8; no s)
+  uint16_t* bf16 = nullptr;  // non-null (q null): the output also goes out as bf16 (f32_bf16), for cuBLAS's products
 };
 
 // Whether GEMVs over fixed weights load their first weights before waiting for the kernel before
@@ -158,7 +159,8 @@ void add_rms_norm(float* x, float* branch, const float* w, float eps, bool add_o
                   int64_t cols, cudaStream_t st, QuantOut qo = {});
 void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool add_one, float scale,
                        const float* w_next, float* y, int64_t rows, int64_t cols, cudaStream_t st, QuantOut qo = {});
-void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st);
+// out_bf16 non-null: out also goes out as bf16 (for the cuBLAS product that reads it next).
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st, uint16_t* out_bf16 = nullptr);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t st);
 void mul(const float* a, const float* b, float* out, int64_t n, int64_t bn, cudaStream_t st);
 // dst[i] = Σ_j src[rows[i·group + j]] · scale (backend.h's gather_sum_rows); rows in device memory.

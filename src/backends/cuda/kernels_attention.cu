@@ -69,7 +69,7 @@ __device__ __forceinline__ void load_row(const uint16_t* row, int64_t hd, int la
 // out for heads h0 .. h0 + nheads - 1 (nheads <= 8) of `row` from the S <= 32 splits' partials
 // [M, L, acc[hd]], by one block. Loads go out kMergeBatch splits and kMergeElems elements at a
 // time (a merge that walked them one by one was a chain of L2 round trips). a.qo.q non-null: the
-// output also goes out as int8 blocks of 32 (hd a multiple of 32).
+// output also goes out as int8 blocks of 32 (hd a multiple of 32); a.qo.bf16: as bf16.
 constexpr int kMergeBatch = 8, kMergeElems = 4;
 __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int64_t row, int64_t h0, int nheads,
                                              int S, const AttnArgs& a, float* __restrict__ out) {
@@ -126,6 +126,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int
       const float o = v[u] * inv_l[i];
       out[at] = o;
       if (a.qo.q) quantize32(o, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
+      if (a.qo.bf16) a.qo.bf16[at] = f32_bf16(o);
     }
   }
 }
@@ -232,6 +233,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         const int64_t at = (row * nh + h) * hd + e;
         out[at] = v / L;
         if (a.qo.q) quantize32(v / L, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
+        if (a.qo.bf16) a.qo.bf16[at] = f32_bf16(v / L);
       } else {
         part[((row * nh + h) * S + split) * (hd + 2) + 2 + e] = v;
       }

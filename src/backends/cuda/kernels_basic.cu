@@ -30,6 +30,7 @@ __global__ void k_rms_norm(const float* x, const float* w, float eps, int add_on
     const float r = xr[c] * inv * norm_factor(w, c, add_one);
     yr[c] = r;
     if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
+    if (qo.bf16) qo.bf16[blockIdx.x * cols + c] = f32_bf16(r);
   }
 }
 
@@ -54,6 +55,7 @@ __global__ void k_add_rms_norm(float* x, float* br, const float* w, float eps, i
     if (scale != 1.f) r *= scale;
     xr[c] = r;
     if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
+    if (qo.bf16) qo.bf16[blockIdx.x * cols + c] = f32_bf16(r);
   }
 }
 
@@ -77,6 +79,7 @@ __global__ void k_add_rms_norm_norm(float* x, float* br, const float* w, float e
     const float r = xr[c] * inv2 * norm_factor(w2, c, add_one);
     yr[c] = r;
     if (qo.q) quantize32(r, blockIdx.x * cols + c, qo.q, qo.d, qo.s, qo.tiled_cols);
+    if (qo.bf16) qo.bf16[blockIdx.x * cols + c] = f32_bf16(r);
   }
 }
 
@@ -148,6 +151,11 @@ __global__ void k_norm_regs(float* x, const float* br, const float* w, const flo
   for (int j = 0; j < V; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
     if (i < nvec) reinterpret_cast<float4*>(dst + base)[i] = out[j];
+    if (qo.bf16 && i < nvec) {
+      const uint2 b = make_uint2(uint32_t(f32_bf16(out[j].x)) | uint32_t(f32_bf16(out[j].y)) << 16,
+                                 uint32_t(f32_bf16(out[j].z)) | uint32_t(f32_bf16(out[j].w)) << 16);
+      reinterpret_cast<uint2*>(qo.bf16 + base)[i] = b;
+    }
     // Blocks of 32 are 8 whole float4s, so a group of 8 lanes is all in the row or all past it.
     if (qo.q && j * blockDim.x < nvec) {
       const float v4[4] = {out[j].x, out[j].y, out[j].z, out[j].w};
@@ -156,10 +164,13 @@ __global__ void k_norm_regs(float* x, const float* br, const float* w, const flo
   }
 }
 
-__global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n) {
+__global__ void k_gelu_mul(const float* g, const float* u, float* o, int64_t n, uint16_t* ob) {
   pdl_begin();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = gelu_tanh(g[i]) * u[i];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float r = gelu_tanh(g[i]) * u[i];
+    o[i] = r;
+    if (ob) ob[i] = f32_bf16(r);
+  }
 }
 __global__ void k_gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act) {
   pdl_begin();
@@ -468,7 +479,7 @@ bool norm_regs(float* x, const float* br, const float* w, const float* w2, float
                int64_t rows, int64_t cols, float* y, QuantOut qo, cudaStream_t st) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (cols % 4 != 0 || cols > kNormRegMax || (qo.q && cols % 32 != 0) || !aligned(x) || !aligned(br) ||
-      !aligned(w) || !aligned(w2) || !aligned(y))
+      !aligned(w) || !aligned(w2) || !aligned(y) || !aligned(qo.bf16))
     return false;
   const int64_t nvec = cols / 4, v = (nvec + kNormRegThreads - 1) / kNormRegThreads;
   const unsigned threads = unsigned(((nvec + v - 1) / v + 31) / 32 * 32);
@@ -538,9 +549,9 @@ void add_rms_norm_norm(float* x, float* branch, const float* w, float eps, bool 
   check_launch("add_rms_norm_norm");
 }
 
-void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st) {
+void gelu_tanh_mul(const float* g, const float* u, float* out, int64_t n, cudaStream_t st, uint16_t* out_bf16) {
   if (n == 0) return;
-  launch_kernel(k_gelu_mul, grid_1d(n), 256, 0, st, g, u, out, n);
+  launch_kernel(k_gelu_mul, grid_1d(n), 256, 0, st, g, u, out, n, out_bf16);
   check_launch("gelu_tanh_mul");
 }
 void gelu_split_mul(const float* h, int64_t pairs, int64_t I, float* act, cudaStream_t st) {
