@@ -650,6 +650,12 @@ std::unique_ptr<Backend> gpu_with(const char* name, const char* value) {
   mbtest::ScopedEnv env(name, value);
   return make_gpu();
 }
+// The producers' copies for the products after them that are not yet the default: 8-16 rows in the
+// block products' tiled layout, more rows as bf16 for cuBLAS.
+std::unique_ptr<Backend> gpu_with_tiled_and_bf16_outputs() {
+  mbtest::ScopedEnv tiled("MARKBASE_CUDA_TILED_QUANT", "1"), bf16("MARKBASE_CUDA_BF16_OUT", "1");
+  return make_gpu();
+}
 
 // Block-type weights without their bf16 copy, as large models get them when the GPU would be too
 // full for one (docs/cuda.md; MARKBASE_CUDA_BF16_COPIES=0 forces it on a backend made after it is
@@ -749,7 +755,7 @@ TEST_F(CudaOps, MatmulWeightsConvertedAtLoad) {
 TEST_F(CudaOps, NormThenBlockMatmulUsesTheNormsOwnQuantization) {
   const int64_t d = 2560, m = 512;
   const std::unique_ptr<Backend> unfused = gpu_with("MARKBASE_CUDA_NORM_QUANT", "0"),
-                                 tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
+                                 tiled = gpu_with_tiled_and_bf16_outputs();
   auto weight_on = [&](Backend& be, DType dt) {
     std::mt19937 wr(23);
     return random_weight(cpu(), be, dt, {m, d}, wr);
@@ -850,6 +856,30 @@ TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
     r2.print(kTolMat);
     r3.print(kTolMat);
   });
+}
+
+// The GLU's and the gelu-times op's bf16 copies of their outputs (MARKBASE_CUDA_BF16_OUT=1) go to
+// the product after them in place of its own conversion: the same numbers as without them.
+TEST_F(CudaOps, GatedFfnOnTheGluBf16CopyIsTheSame) {
+  const int64_t H = 768, F = 2048, n = 64;
+  const std::unique_ptr<Backend> plain = gpu_with("MARKBASE_CUDA_BF16_OUT", "0"),
+                                 copies = gpu_with("MARKBASE_CUDA_BF16_OUT", "1");
+  std::mt19937 data(19);
+  const auto x = randn(size_t(n * H), data), m = randn(size_t(n * F), data);
+  auto side = [&](Backend& be) {
+    std::mt19937 wr(29);
+    const Weight gate = random_weight(cpu(), be, DType::BF16, {F, H}, wr), up = random_weight(cpu(), be, DType::BF16, {F, H}, wr);
+    const Weight down = random_weight(cpu(), be, DType::BF16, {H, F}, wr);
+    const Tensor xs = upload(be, {n, H}, x), ms = upload(be, {n, F}, m);
+    Tensor o = poisoned(be, {n, H}), t = poisoned(be, {n, F}), o2 = poisoned(be, {n, H});
+    be.gated_ffn(xs, gate.g, up.g, down.g, o);
+    be.matmul_gelu_times(xs, gate.g, ms, t);
+    be.matmul(t, down.g, o2);
+    std::vector<float> out = download(be, o), second = download(be, o2);
+    out.insert(out.end(), second.begin(), second.end());
+    return out;
+  };
+  check("gated_ffn and gelu-times then matmul, BF16, 64 rows: bf16 copies vs none", side(*plain), side(*copies), 1e-6);
 }
 
 // The media towers' clipped linears: the backend's own matmul_clipped (one pass before and after cuBLAS's
@@ -1364,7 +1394,7 @@ TEST_F(CudaOps, AttentionThenBlockMatmulUsesTheAttentionsQuantization) {
   std::mt19937 rng(23);
   const AttnConfig c{8, 2, 256, 0, 0.f, 0.f, Layout::Flat};
   const int64_t m = 320;
-  const std::unique_ptr<Backend> tiled = gpu_with("MARKBASE_CUDA_TILED_QUANT", "1");
+  const std::unique_ptr<Backend> tiled = gpu_with_tiled_and_bf16_outputs();
   const Weight wq = random_weight(cpu(), *tiled, DType::Q4_0, {m, c.nh * c.hd}, rng);
   const Weight wb = random_weight(cpu(), *tiled, DType::BF16, {m, c.nh * c.hd}, rng);
   const auto data = step_data(c, {{{0, 0, 60}}, {{0, 60, 1}}}, 9);

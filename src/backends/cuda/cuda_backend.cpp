@@ -202,7 +202,7 @@ class CudaBackend final : public Backend {
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
     tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 0) != 0;
-    bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 1) != 0;
+    bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 0) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
@@ -1095,8 +1095,8 @@ class CudaBackend final : public Backend {
   // since). With MARKBASE_CUDA_TILED_QUANT=1 (not yet the default: not yet run on a GPU), rows past
   // the GEMV's, in whole groups of 8, go out in the block products' tiled layout instead (mmq_batch
   // takes it in place of a tile_x launch). More rows than the GEMV takes go out as bf16 for cuBLAS
-  // (gemm takes it in place of an f32_to_bf16 launch: 12% of a 128-stream step on an H100);
-  // MARKBASE_CUDA_BF16_OUT=0 turns that off.
+  // with MARKBASE_CUDA_BF16_OUT=1 (not yet run on a GPU either), gemm taking it in place of an
+  // f32_to_bf16 launch (12% of a 128-stream step's kernel time on an H100).
   enum class CopyLayout { None, Rows, Tiled, Bf16 };
   struct NormQuant {
     const void* x = nullptr;
@@ -1371,7 +1371,7 @@ class CudaBackend final : public Backend {
   int debug_ = 0;
   bool fuse_quant_ = true;
   bool tiled_quant_ = false;  // MARKBASE_CUDA_TILED_QUANT=1: see NormQuant
-  bool bf16_out_ = true;      // MARKBASE_CUDA_BF16_OUT=0: see NormQuant
+  bool bf16_out_ = false;     // MARKBASE_CUDA_BF16_OUT=1: see NormQuant
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)
