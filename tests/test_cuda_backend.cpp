@@ -1374,6 +1374,28 @@ TEST_F(CudaOps, AttentionOneSequencePrefillThenDecode) {
   }
 }
 
+// Prefill chunks of 64 rows and more on the dense path (MARKBASE_CUDA_DENSE_PREFILL=1: batched GEMMs
+// a KV head over the chunk's keys, the causal mask and window in the softmax): one sequence and two
+// in one call, every layout, window, soft-cap and head size of the configs; then decode rows (the
+// kernel) over what the chunks wrote.
+TEST_F(CudaOps, AttentionPrefillChunksOnTheDensePath) {
+  const std::unique_ptr<Backend> dense = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "1");
+  for (const AttnConfig& c : attention_configs()) {
+    const std::vector<Step> one = {{{0, 0, 100}}, {{0, 100, 137}}, {{0, 237, 1}}, {{0, 238, 1}}};
+    const std::vector<Step> two = {{{0, 0, 100}, {1, 0, 64}}, {{0, 100, 70}, {1, 64, 130}}, {{0, 170, 1}, {1, 194, 1}}};
+    const double tol = c.bf16_inputs ? kTolMat : 2 * kTolMat;
+    guarded("attention dense prefill " + c.label(), [&] {
+      compare_attention(cpu(), *dense, c, one, "dense-one", tol);
+      compare_attention(cpu(), *dense, c, two, "dense-two", tol);
+      // Over NaN-poisoned stores: the chunks read no row outside their keys.
+      const auto data = step_data(c, two, 8);
+      const auto ref = run_attention(cpu(), c, two, data, false, true), got = run_attention(*dense, c, two, data, true, true);
+      for (size_t i = 0; i < ref.size(); ++i)
+        check("dense prefill over NaN-poisoned stores " + c.label() + " step " + std::to_string(i), ref[i], got[i], tol);
+    });
+  }
+}
+
 // With MARKBASE_CUDA_DEBUG=8 every row's keys are split (prefill rows too), so the merge kernel
 // takes many rows, heads of 16 to 512 elements and windows.
 TEST_F(CudaOps, AttentionSplitsOfEveryRowMerged) {

@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
     tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 0) != 0;
     bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 0) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
+    dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 0) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
 
@@ -685,7 +686,7 @@ class CudaBackend final : public Backend {
                        Tensor& out) override {
     MB_CHECK(q.rank() == 3 && out.numel() == q.numel(), "attention: q {} / out {}", q.shape_str(), out.shape_str());
     if (seqs.empty()) return;
-    if (dense_attention(q, seqs, p, out)) return;
+    if (dense_attention(q, seqs, p, out) || dense_prefill(q, seqs, p, out)) return;
     const KVStore& kv0 = *seqs[0].kv;
     AttnArgs a;
     a.n_rows = q.dim(0);
@@ -779,6 +780,83 @@ class CudaBackend final : public Backend {
                                               out.f32() + (s.begin + q0) * width, CUDA_R_32F, int(width), hd, int(nh),
                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "attention output (batched GEMM)");
+      }
+    }
+    return true;
+  }
+
+  // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own,
+  // within the window) as the dense path above runs images: per KV head, two batched tensor-core
+  // GEMMs over its query heads and the chunk's key range (K and V read in place from a plain
+  // store, gathered from pages or a ring), the causal mask, window and soft-cap in the softmax
+  // between. The attention kernel walks each row's keys a warp-step at a time on the CUDA cores,
+  // its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
+  // positions). MARKBASE_CUDA_DENSE_PREFILL=1 (not yet the default: not yet run on a GPU).
+  bool dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
+    constexpr int64_t kMinRows = 64;
+    if (!dense_prefill_ || recording_ || q.rank() != 3) return false;
+    const int64_t nh = q.dim(1), hd = q.dim(2), width = nh * hd;
+    for (const AttentionSeq& s : seqs) {
+      const KVStore& kv = *s.kv;
+      if (s.count < kMinRows || s.last || kv.k.dtype != DType::BF16 || kv.k.rank() != 3 || kv.k.dim(2) != hd ||
+          hd % 8 != 0 || nh % kv.k.dim(1) != 0)
+        return false;
+      for (int64_t t = 1; t < s.count; ++t)
+        if (s.pos[t] != s.pos[0] + t) return false;
+    }
+    Tensor qb = scratch(DType::BF16, {q.numel()});
+    cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_);
+    const float zero = 0.f, one = 1.f, scale = p.scale;
+    for (const AttentionSeq& s : seqs) {
+      const KVStore& kv = *s.kv;
+      const int64_t nkv = kv.k.dim(1), group = nh / nkv, kw = nkv * hd, p0 = s.pos[0];
+      // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB at the most keys a chunk reads.
+      const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count;
+      const int64_t chunk =
+          std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * key_bound * 6)));
+      const int64_t most_keys = std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk : p0 + s.count);
+      Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys});
+      const bool in_place = !kv.pages && !kv.ring;
+      Tensor kc, vc;
+      if (!in_place) {
+        kc = scratch(DType::BF16, {most_keys * kw});
+        vc = scratch(DType::BF16, {most_keys * kw});
+      }
+      for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
+        const int64_t rows = std::min(chunk, s.count - q0);
+        const int64_t khi = p0 + q0 + rows - 1;
+        const int64_t klo = p.window > 0 ? std::max<int64_t>(0, p0 + q0 - p.window + 1) : 0, nk = khi - klo + 1;
+        MB_CHECK(nk <= most_keys, "dense prefill: {} keys for a chunk sized for {}", nk, most_keys);
+        const uint16_t *K = static_cast<const uint16_t*>(kv.k.data) + klo * kw,
+                       *V = static_cast<const uint16_t*>(kv.v.data) + klo * kw;
+        if (!in_place) {
+          cuda::gather_kv(kv_seq(kv, s.begin, s.count, s.pos), klo, nk, kw, kc.ptr<uint16_t>(), vc.ptr<uint16_t>(),
+                          st_);
+          K = kc.ptr<uint16_t>();
+          V = vc.ptr<uint16_t>();
+        }
+        const uint16_t* qh = qb.ptr<uint16_t>() + (s.begin + q0) * width;
+        // KV head g's query heads (batch, stride hd; K the same for each: stride 0): S_h [rows, nk]
+        // row-major = scale · Q_h · K_gᵀ, in cuBLAS's column order [nk x rows] = K_g ([hd x nk], ld
+        // nkv·hd)ᵀ · Q_h ([hd x rows], ld nh·hd).
+        for (int64_t g = 0; g < nkv; ++g)
+          check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
+                                                K + g * hd, CUDA_R_16BF, int(kw), 0, qh + g * group * hd,
+                                                CUDA_R_16BF, int(width), hd, &zero, S.f32() + g * group * rows * nk,
+                                                CUDA_R_32F, int(nk), rows * nk, int(group), CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT),
+                     "prefill attention scores (batched GEMM)");
+        cuda::softmax_causal_bf16(S.f32(), nh, rows, nk, p0 + q0 - klo, p.window, p.softcap, P.ptr<uint16_t>(), st_);
+        // O_h [rows, hd] (row-major, ld nh·hd) = P_h · V_g: [hd x rows] = V_g ([hd x nk], ld nkv·hd) ·
+        // P_h ([nk x rows], ld nk).
+        for (int64_t g = 0; g < nkv; ++g)
+          check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
+                                                V + g * hd, CUDA_R_16BF, int(kw), 0,
+                                                P.ptr<uint16_t>() + g * group * rows * nk, CUDA_R_16BF, int(nk),
+                                                rows * nk, &zero, out.f32() + (s.begin + q0) * width + g * group * hd,
+                                                CUDA_R_32F, int(width), hd, int(group), CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT),
+                     "prefill attention output (batched GEMM)");
       }
     }
     return true;
@@ -1372,6 +1450,7 @@ class CudaBackend final : public Backend {
   bool fuse_quant_ = true;
   bool tiled_quant_ = false;  // MARKBASE_CUDA_TILED_QUANT=1: see NormQuant
   bool bf16_out_ = false;     // MARKBASE_CUDA_BF16_OUT=1: see NormQuant
+  bool dense_prefill_ = false;   // MARKBASE_CUDA_DENSE_PREFILL
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)

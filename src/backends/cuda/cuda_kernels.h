@@ -178,6 +178,10 @@ void im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int6
 void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64_t K, float* out, cudaStream_t st);
 // p[r, :] = bf16(softmax(s[r, :])) for rows r < rows of cols values (the dense attention's P).
 void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, cudaStream_t st);
+// heads x rows score rows of `cols` keys to bf16 probabilities, row r of each head seeing columns up to
+// first_hi + r (and the last `window` of them where window > 0), soft-capped where softcap > 0.
+void softmax_causal_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
+                         float softcap, uint16_t* p, cudaStream_t st);
 inline constexpr int64_t kLocalAttnMaxHeadDim = 256;
 inline constexpr int64_t kLocalAttnMaxContext = 3072;
 struct LocalAttnArgs {
@@ -251,6 +255,8 @@ struct AttnArgs {
 int64_t attention_splits(const AttnArgs& a);
 int64_t attention_partial_floats(const AttnArgs& a);
 void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st);
+// Keys k0 .. k0 + nk - 1 of s's store into contiguous bf16 rows of row_elems (nkv x hd, a multiple of 8).
+void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st);
 
 // ggml blocks of `block_bytes` (a half scale first, then qs_bytes of quants) into GpuWeight planes.
 void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,

@@ -350,6 +350,45 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, uint16_t* p) {
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = f32_bf16(__expf(row[c] - m) * inv);
 }
 
+// Row b of heads x rows score rows (head b / rows, query r = b % rows, whose own key is column
+// first_hi + r): its keys up to its own and within the window (window > 0: the last `window`) as
+// probabilities in bf16, soft-capped first where softcap > 0; zeros in every other column.
+__global__ void k_softmax_causal_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
+                                      float softcap, uint16_t* p) {
+  pdl_begin();
+  __shared__ float red[32];
+  const float* row = s + int64_t(blockIdx.x) * cols;
+  uint16_t* out = p + int64_t(blockIdx.x) * cols;
+  const int64_t hi = first_hi + int64_t(blockIdx.x) % rows;
+  const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
+  auto score = [&](int64_t c) { return softcap > 0.f ? softcap * tanhf(row[c] / softcap) : row[c]; };
+  float m = -FLT_MAX;
+  for (int64_t c = lo + threadIdx.x; c <= hi; c += blockDim.x) m = fmaxf(m, score(c));
+  m = warp_max(m);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = threadIdx.x % 32 < blockDim.x / 32 ? red[threadIdx.x % 32] : -FLT_MAX;
+  m = warp_max(m);
+  float sum = 0.f;
+  for (int64_t c = lo + threadIdx.x; c <= hi; c += blockDim.x) sum += __expf(score(c) - m);
+  const float inv = 1.f / block_sum(sum, red);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    out[c] = c >= lo && c <= hi ? f32_bf16(__expf(score(c) - m) * inv) : uint16_t(0);
+}
+
+// Keys k0 .. k0 + nk - 1 of a sequence's store (pages or a ring) into contiguous rows of
+// row_elems bf16 (a multiple of 8), 16 bytes a thread.
+__global__ void k_gather_kv(KVSeq s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v) {
+  pdl_begin();
+  const int64_t per = row_elems / 8, total = nk * per;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t at = kv_slot(s, k0 + i / per) * per + i % per;
+    reinterpret_cast<int4*>(k)[i] = reinterpret_cast<const int4*>(s.k)[at];
+    reinterpret_cast<int4*>(v)[i] = reinterpret_cast<const int4*>(s.v)[at];
+  }
+}
+
 // Chunked local attention (backend.h's local_attention), one warp per (frame, head): a query reads
 // `left` keys at most, so the warp's lanes share each dot product over the head dims and the
 // logits sit in shared memory; the softmax and the value sum follow the host's order.
@@ -423,6 +462,20 @@ void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, 
   if (rows * cols == 0) return;
   launch_kernel(k_softmax_rows_bf16, unsigned(rows), 256, 0, st, s, cols, p);
   check_launch("softmax rows");
+}
+
+void softmax_causal_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
+                         float softcap, uint16_t* p, cudaStream_t st) {
+  if (heads * rows * cols == 0) return;
+  launch_kernel(k_softmax_causal_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p);
+  check_launch("causal softmax rows");
+}
+
+void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st) {
+  if (nk == 0) return;
+  const int64_t blocks = std::min<int64_t>((nk * row_elems / 8 + 255) / 256, int64_t(65535) * 8);
+  launch_kernel(k_gather_kv, unsigned(blocks), 256, 0, st, s, k0, nk, row_elems, k, v);
+  check_launch("gather KV");
 }
 
 void local_attention(const float* q, const float* k, const float* v, const float* q_gain, const float* rel_keys,
