@@ -330,30 +330,12 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
   launch_kernel(k_attention<C, GH>, grid, kAttnWarps * 32, smem, st, seqs, a, row0, S, q, out, part);
 }
 
-// One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16.
-__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, uint16_t* p) {
-  pdl_begin();
-  __shared__ float red[32];
-  const float* row = s + int64_t(blockIdx.x) * cols;
-  uint16_t* out = p + int64_t(blockIdx.x) * cols;
-  float m = -FLT_MAX;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
-  m = warp_max(m);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
-  __syncthreads();
-  m = threadIdx.x % 32 < blockDim.x / 32 ? red[threadIdx.x % 32] : -FLT_MAX;
-  m = warp_max(m);
-  float sum = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += __expf(row[c] - m);
-  const float inv = 1.f / block_sum(sum, red);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = f32_bf16(__expf(row[c] - m) * inv);
-}
-
-// Row b of heads x rows score rows (head b / rows, query r = b % rows, whose own key is column
-// first_hi + r): its keys up to its own and within the window (window > 0: the last `window`) as
-// probabilities in bf16, soft-capped first where softcap > 0; zeros in every other column.
-__global__ void k_softmax_causal_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
+// One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16. Row b
+// of heads x rows score rows (head b / rows, query r = b % rows, whose own key is column first_hi +
+// r) takes its keys up to its own and within the window (window > 0: the last `window`),
+// soft-capped first where softcap > 0; zeros in every other column (none where first_hi is the
+// last column and rows 1: every query sees every key).
+__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
                                       float softcap, uint16_t* p) {
   pdl_begin();
   __shared__ float red[32];
@@ -460,14 +442,14 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 
 void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, cudaStream_t st) {
   if (rows * cols == 0) return;
-  launch_kernel(k_softmax_rows_bf16, unsigned(rows), 256, 0, st, s, cols, p);
+  launch_kernel(k_softmax_rows_bf16, unsigned(rows), 256, 0, st, s, cols, int64_t(1), cols - 1, 0, 0.f, p);
   check_launch("softmax rows");
 }
 
 void softmax_causal_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
                          float softcap, uint16_t* p, cudaStream_t st) {
   if (heads * rows * cols == 0) return;
-  launch_kernel(k_softmax_causal_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p);
+  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p);
   check_launch("causal softmax rows");
 }
 
