@@ -754,7 +754,6 @@ class CudaBackend final : public Backend {
     }
     Tensor qb = scratch(DType::BF16, {q.numel()});
     cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_);
-    const float zero = 0.f, one = 1.f, scale = p.scale;
     for (size_t i = 0; i < seqs.size(); ++i) {
       const AttentionSeq& s = seqs[i];
       const int64_t nk = keys[i], width = nh * hd;
@@ -763,26 +762,41 @@ class CudaBackend final : public Backend {
       Tensor S = scratch(DType::F32, {nh * chunk * nk}), P = scratch(DType::BF16, {nh * chunk * nk});
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
-        const uint16_t* qh = qb.ptr<uint16_t>() + (s.begin + q0) * width;
-        // Per head h (batch): S_h [rows, nk] (row-major) = scale · Q_h · K_hᵀ, i.e. in cuBLAS's column
-        // order [nk x rows] = K_h ([hd x nk], ld nh·hd)ᵀ · Q_h ([hd x rows], ld nh·hd).
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
-                                              s.kv->k.data, CUDA_R_16BF, int(width), hd, qh, CUDA_R_16BF, int(width),
-                                              hd, &zero, S.f32(), CUDA_R_32F, int(nk), rows * nk, int(nh),
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "attention scores (batched GEMM)");
-        cuda::softmax_rows_bf16(S.f32(), nh * rows, nk, P.ptr<uint16_t>(), st_);
-        // O_h [rows, hd] (row-major, ld nh·hd) = P_h · V_h: [hd x rows] = V_h ([hd x nk], ld nh·hd) ·
-        // P_h ([nk x rows], ld nk).
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
-                                              s.kv->v.data, CUDA_R_16BF, int(width), hd, P.ptr<uint16_t>(),
-                                              CUDA_R_16BF, int(nk), rows * nk, &zero,
-                                              out.f32() + (s.begin + q0) * width, CUDA_R_32F, int(width), hd, int(nh),
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "attention output (batched GEMM)");
+        // Every patch sees every key: each row's last key is the last column.
+        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, static_cast<const uint16_t*>(s.kv->k.data),
+                    static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd, rows, nk, p.scale, nk - 1, 0, 0.f,
+                    S.f32(), P.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
       }
     }
     return true;
+  }
+
+  // The dense attention of `rows` queries (bf16, rows nh·hd apart) over nk keys (K and V bf16, rows
+  // nkv·hd apart): S_h [rows, nk] = scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own
+  // key at column first_hi + r, window and soft-cap as given), O_h = P_h · V_g into o (rows nh·hd
+  // apart). In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ · Q_h ([hd x rows]) and O_h
+  // [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]). Each query head its own KV head: one batched
+  // GEMM over the heads (K and V a head apart); else one a KV head over its query heads (K and V
+  // the same for each: batch stride 0).
+  void dense_heads(const uint16_t* q, const uint16_t* K, const uint16_t* V, int64_t nh, int64_t nkv, int64_t hd,
+                   int64_t rows, int64_t nk, float scale, int64_t first_hi, int window, float softcap, float* S,
+                   uint16_t* P, float* o) {
+    const float zero = 0.f, one = 1.f;
+    const int64_t width = nh * hd, kw = nkv * hd, group = nh / nkv, calls = group == 1 ? 1 : nkv;
+    const int64_t batch = group == 1 ? nh : group, kv_stride = group == 1 ? hd : 0;
+    for (int64_t g = 0; g < calls; ++g)
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
+                                            K + g * hd, CUDA_R_16BF, int(kw), kv_stride, q + g * group * hd,
+                                            CUDA_R_16BF, int(width), hd, &zero, S + g * group * rows * nk, CUDA_R_32F,
+                                            int(nk), rows * nk, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "attention scores (batched GEMM)");
+    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, window, softcap, P, st_);
+    for (int64_t g = 0; g < calls; ++g)
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
+                                            V + g * hd, CUDA_R_16BF, int(kw), kv_stride, P + g * group * rows * nk,
+                                            CUDA_R_16BF, int(nk), rows * nk, &zero, o + g * group * hd, CUDA_R_32F,
+                                            int(width), hd, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "attention output (batched GEMM)");
   }
 
   // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own,
@@ -806,10 +820,9 @@ class CudaBackend final : public Backend {
     }
     Tensor qb = scratch(DType::BF16, {q.numel()});
     cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_);
-    const float zero = 0.f, one = 1.f, scale = p.scale;
     for (const AttentionSeq& s : seqs) {
       const KVStore& kv = *s.kv;
-      const int64_t nkv = kv.k.dim(1), group = nh / nkv, kw = nkv * hd, p0 = s.pos[0];
+      const int64_t nkv = kv.k.dim(1), kw = nkv * hd, p0 = s.pos[0];
       // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB at the most keys a chunk reads.
       const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count;
       const int64_t chunk =
@@ -835,28 +848,8 @@ class CudaBackend final : public Backend {
           K = kc.ptr<uint16_t>();
           V = vc.ptr<uint16_t>();
         }
-        const uint16_t* qh = qb.ptr<uint16_t>() + (s.begin + q0) * width;
-        // KV head g's query heads (batch, stride hd; K the same for each: stride 0): S_h [rows, nk]
-        // row-major = scale · Q_h · K_gᵀ, in cuBLAS's column order [nk x rows] = K_g ([hd x nk], ld
-        // nkv·hd)ᵀ · Q_h ([hd x rows], ld nh·hd).
-        for (int64_t g = 0; g < nkv; ++g)
-          check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
-                                                K + g * hd, CUDA_R_16BF, int(kw), 0, qh + g * group * hd,
-                                                CUDA_R_16BF, int(width), hd, &zero, S.f32() + g * group * rows * nk,
-                                                CUDA_R_32F, int(nk), rows * nk, int(group), CUBLAS_COMPUTE_32F,
-                                                CUBLAS_GEMM_DEFAULT),
-                     "prefill attention scores (batched GEMM)");
-        cuda::softmax_causal_bf16(S.f32(), nh, rows, nk, p0 + q0 - klo, p.window, p.softcap, P.ptr<uint16_t>(), st_);
-        // O_h [rows, hd] (row-major, ld nh·hd) = P_h · V_g: [hd x rows] = V_g ([hd x nk], ld nkv·hd) ·
-        // P_h ([nk x rows], ld nk).
-        for (int64_t g = 0; g < nkv; ++g)
-          check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
-                                                V + g * hd, CUDA_R_16BF, int(kw), 0,
-                                                P.ptr<uint16_t>() + g * group * rows * nk, CUDA_R_16BF, int(nk),
-                                                rows * nk, &zero, out.f32() + (s.begin + q0) * width + g * group * hd,
-                                                CUDA_R_32F, int(width), hd, int(group), CUBLAS_COMPUTE_32F,
-                                                CUBLAS_GEMM_DEFAULT),
-                     "prefill attention output (batched GEMM)");
+        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, K, V, nh, nkv, hd, rows, nk, p.scale, p0 + q0 - klo,
+                    p.window, p.softcap, S.f32(), P.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
       }
     }
     return true;

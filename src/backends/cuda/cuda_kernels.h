@@ -176,12 +176,11 @@ void layer_norm(const float* x, const float* w, const float* b, float eps, bool 
 void im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int64_t c, int kernel, int stride, int pad,
             int64_t row0, int64_t rows, int64_t wo, float* cols, cudaStream_t st);
 void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64_t K, float* out, cudaStream_t st);
-// p[r, :] = bf16(softmax(s[r, :])) for rows r < rows of cols values (the dense attention's P).
-void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, cudaStream_t st);
-// heads x rows score rows of `cols` keys to bf16 probabilities, row r of each head seeing columns up to
-// first_hi + r (and the last `window` of them where window > 0), soft-capped where softcap > 0.
-void softmax_causal_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
-                         float softcap, uint16_t* p, cudaStream_t st);
+// The dense attention's P: heads x rows score rows of `cols` keys to bf16 probabilities, row r of
+// each head seeing columns up to first_hi + r or the last (and the last `window` of them where
+// window > 0; an image's patches: first_hi cols - 1), soft-capped where softcap > 0; zeros elsewhere.
+void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
+                       float softcap, uint16_t* p, cudaStream_t st);
 inline constexpr int64_t kLocalAttnMaxHeadDim = 256;
 inline constexpr int64_t kLocalAttnMaxContext = 3072;
 struct LocalAttnArgs {

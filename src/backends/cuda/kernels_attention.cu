@@ -332,16 +332,16 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
 
 // One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16. Row b
 // of heads x rows score rows (head b / rows, query r = b % rows, whose own key is column first_hi +
-// r) takes its keys up to its own and within the window (window > 0: the last `window`),
-// soft-capped first where softcap > 0; zeros in every other column (none where first_hi is the
-// last column and rows 1: every query sees every key).
+// r, or the last column if that is past it) takes its keys up to its own and within the window
+// (window > 0: the last `window`), soft-capped first where softcap > 0; zeros in every other
+// column (none where first_hi is the last column: every query sees every key).
 __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
                                       float softcap, uint16_t* p) {
   pdl_begin();
   __shared__ float red[32];
   const float* row = s + int64_t(blockIdx.x) * cols;
   uint16_t* out = p + int64_t(blockIdx.x) * cols;
-  const int64_t hi = first_hi + int64_t(blockIdx.x) % rows;
+  const int64_t hi = first_hi + int64_t(blockIdx.x) % rows < cols ? first_hi + int64_t(blockIdx.x) % rows : cols - 1;
   const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
   auto score = [&](int64_t c) { return softcap > 0.f ? softcap * tanhf(row[c] / softcap) : row[c]; };
   float m = -FLT_MAX;
@@ -440,17 +440,11 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 
 }  // namespace
 
-void softmax_rows_bf16(const float* s, int64_t rows, int64_t cols, uint16_t* p, cudaStream_t st) {
-  if (rows * cols == 0) return;
-  launch_kernel(k_softmax_rows_bf16, unsigned(rows), 256, 0, st, s, cols, int64_t(1), cols - 1, 0, 0.f, p);
-  check_launch("softmax rows");
-}
-
-void softmax_causal_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
-                         float softcap, uint16_t* p, cudaStream_t st) {
+void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
+                       float softcap, uint16_t* p, cudaStream_t st) {
   if (heads * rows * cols == 0) return;
   launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p);
-  check_launch("causal softmax rows");
+  check_launch("softmax rows");
 }
 
 void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st) {
