@@ -650,8 +650,8 @@ std::unique_ptr<Backend> gpu_with(const char* name, const char* value) {
   mbtest::ScopedEnv env(name, value);
   return make_gpu();
 }
-// The producers' copies for the products after them that are not yet the default: 8-16 rows in the
-// block products' tiled layout, more rows as bf16 for cuBLAS.
+// The producers' copies for the products after them (the default, here whatever the environment
+// says): 8-16 rows in the block products' tiled layout, more rows as bf16 for cuBLAS.
 std::unique_ptr<Backend> gpu_with_tiled_and_bf16_outputs() {
   mbtest::ScopedEnv tiled("MARKBASE_CUDA_TILED_QUANT", "1"), bf16("MARKBASE_CUDA_BF16_OUT", "1");
   return make_gpu();
@@ -1377,9 +1377,14 @@ TEST_F(CudaOps, AttentionOneSequencePrefillThenDecode) {
 // Prefill chunks of 64 rows and more on the dense path (MARKBASE_CUDA_DENSE_PREFILL=1: batched GEMMs
 // a KV head over the chunk's keys, the causal mask and window in the softmax): one sequence and two
 // in one call, every layout, window, soft-cap and head size of the configs; then decode rows (the
-// kernel) over what the chunks wrote.
+// kernel) over what the chunks wrote. Against the CPU at the ops' bound, and against the attention
+// kernel (f32 arithmetic on the same bf16 store) at kDenseVsKernelTol: the dense path takes Q and P
+// as two bf16 terms each, ~16 bits (one term, ~8 bits, is ~5e-3 off here and flipped a routed
+// expert in the moe_like fixture's logits).
+constexpr double kDenseVsKernelTol = 1e-3;
 TEST_F(CudaOps, AttentionPrefillChunksOnTheDensePath) {
-  const std::unique_ptr<Backend> dense = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "1");
+  const std::unique_ptr<Backend> dense = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "1"),
+                                 kernel = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "0");
   for (const AttnConfig& c : attention_configs()) {
     const std::vector<Step> one = {{{0, 0, 100}}, {{0, 100, 137}}, {{0, 237, 1}}, {{0, 238, 1}}};
     const std::vector<Step> two = {{{0, 0, 100}, {1, 0, 64}}, {{0, 100, 70}, {1, 64, 130}}, {{0, 170, 1}, {1, 194, 1}}};
@@ -1392,6 +1397,17 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheDensePath) {
       const auto ref = run_attention(cpu(), c, two, data, false, true), got = run_attention(*dense, c, two, data, true, true);
       for (size_t i = 0; i < ref.size(); ++i)
         check("dense prefill over NaN-poisoned stores " + c.label() + " step " + std::to_string(i), ref[i], got[i], tol);
+      for (const auto* steps : {&one, &two}) {
+        const auto d = step_data(c, *steps, 9);
+        const auto kern = run_attention(*kernel, c, *steps, d, false, false);
+        const auto dn = run_attention(*dense, c, *steps, d, false, false);
+        double worst = 0;
+        for (size_t i = 0; i < kern.size(); ++i)
+          worst = std::max(worst, check("dense prefill vs the kernel " + c.label() + " step " + std::to_string(i), kern[i],
+                                        dn[i], kDenseVsKernelTol, false));
+        std::printf("[ cuda-op  ] attention dense vs kernel %s, %s: worst rel %.2e (tol %.0e)\n",
+                    steps == &one ? "one seq" : "two seqs", c.label().c_str(), worst, kDenseVsKernelTol);
+      }
     });
   }
 }

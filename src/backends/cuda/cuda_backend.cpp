@@ -201,10 +201,10 @@ class CudaBackend final : public Backend {
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
     fuse_quant_ = env_int("MARKBASE_CUDA_NORM_QUANT", 1) != 0;
-    tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 0) != 0;
-    bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 0) != 0;
+    tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 1) != 0;
+    bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 1) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
-    dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 0) != 0;
+    dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
 
@@ -763,9 +763,9 @@ class CudaBackend final : public Backend {
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
-        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, static_cast<const uint16_t*>(s.kv->k.data),
+        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, static_cast<const uint16_t*>(s.kv->k.data),
                     static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd, rows, nk, p.scale, nk - 1, 0, 0.f,
-                    S.f32(), P.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
+                    S.f32(), P.ptr<uint16_t>(), nullptr, out.f32() + (s.begin + q0) * width);
       }
     }
     return true;
@@ -778,25 +778,39 @@ class CudaBackend final : public Backend {
   // [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]). Each query head its own KV head: one batched
   // GEMM over the heads (K and V a head apart); else one a KV head over its query heads (K and V
   // the same for each: batch stride 0).
-  void dense_heads(const uint16_t* q, const uint16_t* K, const uint16_t* V, int64_t nh, int64_t nkv, int64_t hd,
-                   int64_t rows, int64_t nk, float scale, int64_t first_hi, int window, float softcap, float* S,
-                   uint16_t* P, float* o) {
+  //
+  // q_lo and P_lo (both or neither): the remainders of q and P after bf16 (f32_to_bf16's and the
+  // softmax's lo), each product then taken twice (hi, then lo added): within ~1e-5 of f32 where K and
+  // V are bf16 as stored, as the attention kernel computes. Text models' logits need that (a routed
+  // expert flips on a bf16 Q or P); the images' encoders round to bf16 as torch's bf16 SDPA does.
+  void dense_heads(const uint16_t* q, const uint16_t* q_lo, const uint16_t* K, const uint16_t* V, int64_t nh,
+                   int64_t nkv, int64_t hd, int64_t rows, int64_t nk, float scale, int64_t first_hi, int window,
+                   float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
     const float zero = 0.f, one = 1.f;
     const int64_t width = nh * hd, kw = nkv * hd, group = nh / nkv, calls = group == 1 ? 1 : nkv;
     const int64_t batch = group == 1 ? nh : group, kv_stride = group == 1 ? hd : 0;
-    for (int64_t g = 0; g < calls; ++g)
-      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
-                                            K + g * hd, CUDA_R_16BF, int(kw), kv_stride, q + g * group * hd,
-                                            CUDA_R_16BF, int(width), hd, &zero, S + g * group * rows * nk, CUDA_R_32F,
-                                            int(nk), rows * nk, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "attention scores (batched GEMM)");
-    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, window, softcap, P, st_);
-    for (int64_t g = 0; g < calls; ++g)
-      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
-                                            V + g * hd, CUDA_R_16BF, int(kw), kv_stride, P + g * group * rows * nk,
-                                            CUDA_R_16BF, int(nk), rows * nk, &zero, o + g * group * hd, CUDA_R_32F,
-                                            int(width), hd, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "attention output (batched GEMM)");
+    for (const uint16_t* qt : {q, q_lo}) {
+      if (!qt) continue;
+      const float* beta = qt == q ? &zero : &one;
+      for (int64_t g = 0; g < calls; ++g)
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
+                                              K + g * hd, CUDA_R_16BF, int(kw), kv_stride, qt + g * group * hd,
+                                              CUDA_R_16BF, int(width), hd, beta, S + g * group * rows * nk,
+                                              CUDA_R_32F, int(nk), rows * nk, int(batch), CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                   "attention scores (batched GEMM)");
+    }
+    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, window, softcap, P, P_lo, st_);
+    for (const uint16_t* pt : {static_cast<const uint16_t*>(P), static_cast<const uint16_t*>(P_lo)}) {
+      if (!pt) continue;
+      const float* beta = pt == P ? &zero : &one;
+      for (int64_t g = 0; g < calls; ++g)
+        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
+                                              V + g * hd, CUDA_R_16BF, int(kw), kv_stride, pt + g * group * rows * nk,
+                                              CUDA_R_16BF, int(nk), rows * nk, beta, o + g * group * hd, CUDA_R_32F,
+                                              int(width), hd, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "attention output (batched GEMM)");
+    }
   }
 
   // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own,
@@ -805,7 +819,7 @@ class CudaBackend final : public Backend {
   // store, gathered from pages or a ring), the causal mask, window and soft-cap in the softmax
   // between. The attention kernel walks each row's keys a warp-step at a time on the CUDA cores,
   // its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
-  // positions). MARKBASE_CUDA_DENSE_PREFILL=1 (not yet the default: not yet run on a GPU).
+  // positions). MARKBASE_CUDA_DENSE_PREFILL=0 turns it off.
   bool dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
     constexpr int64_t kMinRows = 64;
     if (!dense_prefill_ || recording_ || q.rank() != 3) return false;
@@ -818,17 +832,19 @@ class CudaBackend final : public Backend {
       for (int64_t t = 1; t < s.count; ++t)
         if (s.pos[t] != s.pos[0] + t) return false;
     }
-    Tensor qb = scratch(DType::BF16, {q.numel()});
-    cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_);
+    Tensor qb = scratch(DType::BF16, {q.numel()}), qlo = scratch(DType::BF16, {q.numel()});
+    cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_, qlo.ptr<uint16_t>());
     for (const AttentionSeq& s : seqs) {
       const KVStore& kv = *s.kv;
       const int64_t nkv = kv.k.dim(1), kw = nkv * hd, p0 = s.pos[0];
-      // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB at the most keys a chunk reads.
+      // Queries per chunk: S (f32), P and its remainder (bf16) of every head within ~256 MB at the most keys a
+      // chunk reads.
       const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count;
       const int64_t chunk =
-          std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * key_bound * 6)));
+          std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * key_bound * 8)));
       const int64_t most_keys = std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk : p0 + s.count);
-      Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys});
+      Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys}),
+             P_lo = scratch(DType::BF16, {nh * chunk * most_keys});
       const bool in_place = !kv.pages && !kv.ring;
       Tensor kc, vc;
       if (!in_place) {
@@ -848,8 +864,9 @@ class CudaBackend final : public Backend {
           K = kc.ptr<uint16_t>();
           V = vc.ptr<uint16_t>();
         }
-        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, K, V, nh, nkv, hd, rows, nk, p.scale, p0 + q0 - klo,
-                    p.window, p.softcap, S.f32(), P.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
+        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, qlo.ptr<uint16_t>() + (s.begin + q0) * width, K, V,
+                    nh, nkv, hd, rows, nk, p.scale, p0 + q0 - klo, p.window, p.softcap, S.f32(), P.ptr<uint16_t>(),
+                    P_lo.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
       }
     }
     return true;
@@ -1163,11 +1180,11 @@ class CudaBackend final : public Backend {
   // for the GEMV that most likely reads it next (a decode step's Q/K/V, output, FFN and
   // per-layer-input products): one kernel less per product. quantized() takes that copy while no
   // CUDA call has come between (g_device_calls unchanged: nothing can have written the activations
-  // since). With MARKBASE_CUDA_TILED_QUANT=1 (not yet the default: not yet run on a GPU), rows past
-  // the GEMV's, in whole groups of 8, go out in the block products' tiled layout instead (mmq_batch
-  // takes it in place of a tile_x launch). More rows than the GEMV takes go out as bf16 for cuBLAS
-  // with MARKBASE_CUDA_BF16_OUT=1 (not yet run on a GPU either), gemm taking it in place of an
-  // f32_to_bf16 launch (12% of a 128-stream step's kernel time on an H100).
+  // since). Rows past the GEMV's, in whole groups of 8 up to 16, go out in the block products' tiled
+  // layout instead (mmq_batch takes it in place of a tile_x launch: E4B Q4_0 at 8 streams +6% on an
+  // H100; MARKBASE_CUDA_TILED_QUANT=0 turns it off). More rows go out as bf16 for cuBLAS, gemm taking
+  // that in place of an f32_to_bf16 launch (64 and 128 streams +7-9%, pp512 +8-10%;
+  // MARKBASE_CUDA_BF16_OUT=0 turns it off).
   enum class CopyLayout { None, Rows, Tiled, Bf16 };
   struct NormQuant {
     const void* x = nullptr;

@@ -106,7 +106,9 @@ void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, 
                  const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, float* y, cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
-void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
+// lo (where given): the rounding's remainder in bf16 too, so that hi + lo carries ~16 bits (two tensor-core
+// products then come within ~1e-5 of f32's).
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st, uint16_t* lo = nullptr);
 // A clipped linear's passes around its product: x clamped to [lo, hi] as it is rounded to bf16; y clamped
 // (where `clips`) and then activated: SiLU, or gelu_tanh(y) · times. The separate ops' expressions.
 void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st);
@@ -179,8 +181,9 @@ void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64
 // The dense attention's P: heads x rows score rows of `cols` keys to bf16 probabilities, row r of
 // each head seeing columns up to first_hi + r or the last (and the last `window` of them where
 // window > 0; an image's patches: first_hi cols - 1), soft-capped where softcap > 0; zeros elsewhere.
+// p_lo (where given): each probability's remainder after bf16, in bf16 (p + p_lo: ~16 bits).
 void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
-                       float softcap, uint16_t* p, cudaStream_t st);
+                       float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st);
 inline constexpr int64_t kLocalAttnMaxHeadDim = 256;
 inline constexpr int64_t kLocalAttnMaxContext = 3072;
 struct LocalAttnArgs {

@@ -336,11 +336,12 @@ void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, i
 // (window > 0: the last `window`), soft-capped first where softcap > 0; zeros in every other
 // column (none where first_hi is the last column: every query sees every key).
 __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
-                                      float softcap, uint16_t* p) {
+                                      float softcap, uint16_t* p, uint16_t* p_lo) {
   pdl_begin();
   __shared__ float red[32];
   const float* row = s + int64_t(blockIdx.x) * cols;
   uint16_t* out = p + int64_t(blockIdx.x) * cols;
+  uint16_t* out_lo = p_lo ? p_lo + int64_t(blockIdx.x) * cols : nullptr;
   const int64_t hi = first_hi + int64_t(blockIdx.x) % rows < cols ? first_hi + int64_t(blockIdx.x) % rows : cols - 1;
   const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
   auto score = [&](int64_t c) { return softcap > 0.f ? softcap * tanhf(row[c] / softcap) : row[c]; };
@@ -355,8 +356,12 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
   float sum = 0.f;
   for (int64_t c = lo + threadIdx.x; c <= hi; c += blockDim.x) sum += __expf(score(c) - m);
   const float inv = 1.f / block_sum(sum, red);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    out[c] = c >= lo && c <= hi ? f32_bf16(__expf(score(c) - m) * inv) : uint16_t(0);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = c >= lo && c <= hi ? __expf(score(c) - m) * inv : 0.f;
+    const uint16_t h = f32_bf16(v);
+    out[c] = h;
+    if (out_lo) out_lo[c] = f32_bf16(v - bf16_f32(h));
+  }
 }
 
 // Keys k0 .. k0 + nk - 1 of a sequence's store (pages or a ring) into contiguous rows of
@@ -441,9 +446,10 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 }  // namespace
 
 void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
-                       float softcap, uint16_t* p, cudaStream_t st) {
+                       float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st) {
   if (heads * rows * cols == 0) return;
-  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p);
+  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p,
+                p_lo);
   check_launch("softmax rows");
 }
 
