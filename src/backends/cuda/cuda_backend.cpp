@@ -763,7 +763,7 @@ class CudaBackend final : public Backend {
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
-        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, static_cast<const uint16_t*>(s.kv->k.data),
+        dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, static_cast<const uint16_t*>(s.kv->k.data),
                     static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd, rows, nk, p.scale, nk - 1, 0, 0.f,
                     S.f32(), P.ptr<uint16_t>(), nullptr, out.f32() + (s.begin + q0) * width);
       }
@@ -771,45 +771,46 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // The dense attention of `rows` queries (bf16, rows nh·hd apart) over nk keys (K and V bf16, rows
-  // nkv·hd apart): S_h [rows, nk] = scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own
-  // key at column first_hi + r, window and soft-cap as given), O_h = P_h · V_g into o (rows nh·hd
-  // apart). In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ · Q_h ([hd x rows]) and O_h
-  // [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]). Each query head its own KV head: one batched
-  // GEMM over the heads (K and V a head apart); else one a KV head over its query heads (K and V
-  // the same for each: batch stride 0).
-  //
-  // q_lo and P_lo (both or neither): the remainders of q and P after bf16 (f32_to_bf16's and the
+  // The dense attention of `rows` queries over nk keys (K and V bf16, rows nkv·hd apart): S_h [rows, nk] =
+  // scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own key at column first_hi + r, window and
+  // soft-cap as given), O_h = P_h · V_g. In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ ·
+  // Q_h ([hd x rows]) and O_h [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]).
+  // Two layouts of q and o:
+  // - rows (q bf16 and o f32 [rows, nh, hd], each query head its own KV head: the images): one batched
+  //   GEMM over the heads for each product, K and V a head apart;
+  // - heads (head_major: q [nh, rows, hd], o [nh, rows, hd] f32): a KV head's `group` query heads are one
+  //   [group·rows, hd] matrix, so one batched GEMM over the KV heads for each product however many
+  //   query heads share one (a call a KV head took 26B-A4B's prefill attention to 30+ cuBLAS calls a
+  //   layer, each too small to fill the GPU).
+  // q_lo and P_lo (both or neither): the remainders of q and P after bf16 (rows_to_heads_bf16's and the
   // softmax's lo), each product then taken twice (hi, then lo added): within ~1e-5 of f32 where K and
   // V are bf16 as stored, as the attention kernel computes. Text models' logits need that (a routed
   // expert flips on a bf16 Q or P); the images' encoders round to bf16 as torch's bf16 SDPA does.
-  void dense_heads(const uint16_t* q, const uint16_t* q_lo, const uint16_t* K, const uint16_t* V, int64_t nh,
-                   int64_t nkv, int64_t hd, int64_t rows, int64_t nk, float scale, int64_t first_hi, int window,
-                   float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
+  void dense_heads(bool head_major, const uint16_t* q, const uint16_t* q_lo, const uint16_t* K, const uint16_t* V,
+                   int64_t nh, int64_t nkv, int64_t hd, int64_t rows, int64_t nk, float scale, int64_t first_hi,
+                   int window, float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
     const float zero = 0.f, one = 1.f;
-    const int64_t width = nh * hd, kw = nkv * hd, group = nh / nkv, calls = group == 1 ? 1 : nkv;
-    const int64_t batch = group == 1 ? nh : group, kv_stride = group == 1 ? hd : 0;
+    const int64_t group = nh / nkv, kw = nkv * hd;
+    MB_CHECK(head_major || group == 1, "dense attention: rows-major queries need a KV head each");
+    // Per batch entry: query columns n, their leading dimension and stride; K/V's stride.
+    const int64_t batch = head_major ? nkv : nh, n = head_major ? group * rows : rows;
+    const int64_t q_ld = head_major ? hd : nh * hd, q_stride = head_major ? n * hd : hd, kv_stride = hd;
     for (const uint16_t* qt : {q, q_lo}) {
       if (!qt) continue;
-      const float* beta = qt == q ? &zero : &one;
-      for (int64_t g = 0; g < calls; ++g)
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(rows), int(hd), &scale,
-                                              K + g * hd, CUDA_R_16BF, int(kw), kv_stride, qt + g * group * hd,
-                                              CUDA_R_16BF, int(width), hd, beta, S + g * group * rows * nk,
-                                              CUDA_R_32F, int(nk), rows * nk, int(batch), CUBLAS_COMPUTE_32F,
-                                              CUBLAS_GEMM_DEFAULT),
-                   "attention scores (batched GEMM)");
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(n), int(hd), &scale, K,
+                                            CUDA_R_16BF, int(kw), kv_stride, qt, CUDA_R_16BF, int(q_ld), q_stride,
+                                            qt == q ? &zero : &one, S, CUDA_R_32F, int(nk), n * nk, int(batch),
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "attention scores (batched GEMM)");
     }
     cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, window, softcap, P, P_lo, st_);
     for (const uint16_t* pt : {static_cast<const uint16_t*>(P), static_cast<const uint16_t*>(P_lo)}) {
       if (!pt) continue;
-      const float* beta = pt == P ? &zero : &one;
-      for (int64_t g = 0; g < calls; ++g)
-        check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(rows), int(nk), &one,
-                                              V + g * hd, CUDA_R_16BF, int(kw), kv_stride, pt + g * group * rows * nk,
-                                              CUDA_R_16BF, int(nk), rows * nk, beta, o + g * group * hd, CUDA_R_32F,
-                                              int(width), hd, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "attention output (batched GEMM)");
+      check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(n), int(nk), &one, V,
+                                            CUDA_R_16BF, int(kw), kv_stride, pt, CUDA_R_16BF, int(nk), n * nk,
+                                            pt == P ? &zero : &one, o, CUDA_R_32F, int(q_ld), q_stride, int(batch),
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "attention output (batched GEMM)");
     }
   }
 
@@ -832,8 +833,6 @@ class CudaBackend final : public Backend {
       for (int64_t t = 1; t < s.count; ++t)
         if (s.pos[t] != s.pos[0] + t) return false;
     }
-    Tensor qb = scratch(DType::BF16, {q.numel()}), qlo = scratch(DType::BF16, {q.numel()});
-    cuda::f32_to_bf16(q.f32(), q.numel(), qb.ptr<uint16_t>(), st_, qlo.ptr<uint16_t>());
     for (const AttentionSeq& s : seqs) {
       const KVStore& kv = *s.kv;
       const int64_t nkv = kv.k.dim(1), kw = nkv * hd, p0 = s.pos[0];
@@ -845,6 +844,9 @@ class CudaBackend final : public Backend {
       const int64_t most_keys = std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk : p0 + s.count);
       Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys}),
              P_lo = scratch(DType::BF16, {nh * chunk * most_keys});
+      // A chunk's queries and output by heads (dense_heads' head-major layout).
+      Tensor qh = scratch(DType::BF16, {chunk * width}), qh_lo = scratch(DType::BF16, {chunk * width}),
+             oh = scratch(DType::F32, {chunk * width});
       const bool in_place = !kv.pages && !kv.ring;
       Tensor kc, vc;
       if (!in_place) {
@@ -864,9 +866,11 @@ class CudaBackend final : public Backend {
           K = kc.ptr<uint16_t>();
           V = vc.ptr<uint16_t>();
         }
-        dense_heads(qb.ptr<uint16_t>() + (s.begin + q0) * width, qlo.ptr<uint16_t>() + (s.begin + q0) * width, K, V,
-                    nh, nkv, hd, rows, nk, p.scale, p0 + q0 - klo, p.window, p.softcap, S.f32(), P.ptr<uint16_t>(),
-                    P_lo.ptr<uint16_t>(), out.f32() + (s.begin + q0) * width);
+        cuda::rows_to_heads_bf16(q.f32() + (s.begin + q0) * width, width, rows, nh, hd, qh.ptr<uint16_t>(),
+                                 qh_lo.ptr<uint16_t>(), st_);
+        dense_heads(true, qh.ptr<uint16_t>(), qh_lo.ptr<uint16_t>(), K, V, nh, nkv, hd, rows, nk, p.scale,
+                    p0 + q0 - klo, p.window, p.softcap, S.f32(), P.ptr<uint16_t>(), P_lo.ptr<uint16_t>(), oh.f32());
+        cuda::heads_to_rows(oh.f32(), rows, nh, hd, width, out.f32() + (s.begin + q0) * width, st_);
       }
     }
     return true;

@@ -106,9 +106,7 @@ void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, 
                  const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, float* y, cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
-// lo (where given): the rounding's remainder in bf16 too, so that hi + lo carries ~16 bits (two tensor-core
-// products then come within ~1e-5 of f32's).
-void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st, uint16_t* lo = nullptr);
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);
 // A clipped linear's passes around its product: x clamped to [lo, hi] as it is rounded to bf16; y clamped
 // (where `clips`) and then activated: SiLU, or gelu_tanh(y) · times. The separate ops' expressions.
 void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st);
@@ -259,6 +257,12 @@ int64_t attention_partial_floats(const AttnArgs& a);
 void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st);
 // Keys k0 .. k0 + nk - 1 of s's store into contiguous bf16 rows of row_elems (nkv x hd, a multiple of 8).
 void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st);
+// The dense prefill's layouts: rows [rows, nh, hd] (row stride ld) to heads [nh, rows, hd] as bf16 hi and
+// the rounding's remainder lo in bf16 (hi + lo: ~16 bits, so two tensor-core products come within ~1e-5 of
+// f32's), and heads back to rows.
+void rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, int64_t hd, uint16_t* hi, uint16_t* lo,
+                        cudaStream_t st);
+void heads_to_rows(const float* x, int64_t rows, int64_t nh, int64_t hd, int64_t ld, float* out, cudaStream_t st);
 
 // ggml blocks of `block_bytes` (a half scale first, then qs_bytes of quants) into GpuWeight planes.
 void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_bytes, void* qs, uint16_t* scale,

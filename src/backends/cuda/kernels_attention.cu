@@ -364,6 +364,30 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
   }
 }
 
+// Rows [rows, nh, hd] (row stride ld) to heads [nh, rows, hd] in bf16, with each value's remainder after
+// bf16 in lo: a head's rows, and a KV head's query heads, then sit in one contiguous matrix.
+__global__ void k_rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, int64_t hd, uint16_t* hi,
+                                     uint16_t* lo) {
+  pdl_begin();
+  const int64_t total = rows * nh * hd;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % hd, r = (i / hd) % rows, h = i / (hd * rows);
+    const float v = x[r * ld + h * hd + d];
+    const uint16_t b = f32_bf16(v);
+    hi[i] = b;
+    lo[i] = f32_bf16(v - bf16_f32(b));
+  }
+}
+// Heads [nh, rows, hd] back to rows [rows, nh, hd] (row stride ld).
+__global__ void k_heads_to_rows(const float* x, int64_t rows, int64_t nh, int64_t hd, int64_t ld, float* out) {
+  pdl_begin();
+  const int64_t total = rows * nh * hd;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % hd, r = (i / hd) % rows, h = i / (hd * rows);
+    out[r * ld + h * hd + d] = x[i];
+  }
+}
+
 // Keys k0 .. k0 + nk - 1 of a sequence's store (pages or a ring) into contiguous rows of
 // row_elems bf16 (a multiple of 8), 16 bytes a thread.
 __global__ void k_gather_kv(KVSeq s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v) {
@@ -451,6 +475,23 @@ void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols
   launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p,
                 p_lo);
   check_launch("softmax rows");
+}
+
+void rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, int64_t hd, uint16_t* hi, uint16_t* lo,
+                        cudaStream_t st) {
+  const int64_t n = rows * nh * hd;
+  if (n == 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, int64_t(65535) * 8));
+  launch_kernel(k_rows_to_heads_bf16, blocks, 256, 0, st, x, ld, rows, nh, hd, hi, lo);
+  check_launch("rows_to_heads_bf16");
+}
+
+void heads_to_rows(const float* x, int64_t rows, int64_t nh, int64_t hd, int64_t ld, float* out, cudaStream_t st) {
+  const int64_t n = rows * nh * hd;
+  if (n == 0) return;
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, int64_t(65535) * 8));
+  launch_kernel(k_heads_to_rows, blocks, 256, 0, st, x, rows, nh, hd, ld, out);
+  check_launch("heads_to_rows");
 }
 
 void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st) {

@@ -284,14 +284,10 @@ __global__ void k_gather_rows(const float* src, int64_t cols, const int32_t* row
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = src[int64_t(rows[i / cols]) * cols + i % cols];
 }
-// lo (where given): what bf16 left of each value, rounded to bf16 in turn (hi + lo holds ~16 bits of it).
-__global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o, uint16_t* lo) {
+__global__ void k_f32_to_bf16(const float* x, int64_t n, uint16_t* o) {
   pdl_begin();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint16_t h = f32_bf16(x[i]);
-    o[i] = h;
-    if (lo) lo[i] = f32_bf16(x[i] - bf16_f32(h));
-  }
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = f32_bf16(x[i]);
 }
 // k_clamp, k_silu and k_gelu_mul in one pass (their device functions), so a clipped linear's numbers are the
 // separate ops'. With no finite bound the default skips the clamp, and so does `clips` (fmaxf(NaN, -inf)
@@ -632,9 +628,9 @@ void gather_rows(const float* src, int64_t cols, const int32_t* rows, int64_t n,
   launch_kernel(k_gather_rows, grid_1d(n * cols), 256, 0, st, src, cols, rows, n, dst);
   check_launch("gather_rows");
 }
-void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st, uint16_t* lo) {
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st) {
   if (n == 0) return;
-  launch_kernel(k_f32_to_bf16, grid_1d(n), 256, 0, st, x, n, out, lo);
+  launch_kernel(k_f32_to_bf16, grid_1d(n), 256, 0, st, x, n, out);
   check_launch("f32_to_bf16");
 }
 void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st) {
