@@ -1403,8 +1403,8 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheDensePath) {
         const auto dn = run_attention(*dense, c, *steps, d, false, false);
         double worst = 0;
         for (size_t i = 0; i < kern.size(); ++i)
-          worst = std::max(worst, check("dense prefill vs the kernel " + c.label() + " step " + std::to_string(i), kern[i],
-                                        dn[i], kDenseVsKernelTol, false));
+          worst = std::max(worst, check("dense prefill vs the kernel " + c.label() + " step " + std::to_string(i),
+                                        kern[i], dn[i], kDenseVsKernelTol, false));
         std::printf("[ cuda-op  ] attention dense vs kernel %s, %s: worst rel %.2e (tol %.0e)\n",
                     steps == &one ? "one seq" : "two seqs", c.label().c_str(), worst, kDenseVsKernelTol);
       }

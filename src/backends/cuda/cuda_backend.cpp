@@ -763,9 +763,10 @@ class CudaBackend final : public Backend {
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
-        dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, static_cast<const uint16_t*>(s.kv->k.data),
-                    static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd, rows, nk, p.scale, nk - 1, 0, 0.f,
-                    S.f32(), P.ptr<uint16_t>(), nullptr, out.f32() + (s.begin + q0) * width);
+        dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr,
+                    static_cast<const uint16_t*>(s.kv->k.data), static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd,
+                    rows, nk, p.scale, nk - 1, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
+                    out.f32() + (s.begin + q0) * width);
       }
     }
     return true;
