@@ -816,10 +816,10 @@ class CudaBackend final : public Backend {
   }
 
   // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own,
-  // within the window) as the dense path above runs images: per KV head, two batched tensor-core
-  // GEMMs over its query heads and the chunk's key range (K and V read in place from a plain
-  // store, gathered from pages or a ring), the causal mask, window and soft-cap in the softmax
-  // between. The attention kernel walks each row's keys a warp-step at a time on the CUDA cores,
+  // within the window) as the dense path above runs images: dense_heads on the chunk's queries laid
+  // out by heads (one batched GEMM over the KV heads a product) and the chunk's key range (K and V
+  // read in place from a plain store, gathered from pages or a ring), the causal mask, window and
+  // soft-cap in the softmax between. The attention kernel walks each row's keys a warp-step at a time on the CUDA cores,
   // its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
   // positions). MARKBASE_CUDA_DENSE_PREFILL=0 turns it off.
   bool dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
