@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
     tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 1) != 0;
     bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 1) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
+    moe_glu_ = env_int("MARKBASE_CUDA_MOE_GLU", 1) != 0;
     dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
   }
@@ -982,22 +983,24 @@ class CudaBackend final : public Backend {
     Tensor n_tiles = scratch(DType::I32, {1});
     moe_tiles(experts.ptr<int32_t>(), pairs, E, row_pair.ptr<int32_t>(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(),
               st_);
-    Tensor h = scratch(DType::F32, {pairs, 2 * I});
+    // On fragment-ordered weights the product's epilogue applies the GLU (no [pairs, 2I] sums to write
+    // and read back; MARKBASE_CUDA_MOE_GLU=0 leaves it to its own kernel).
+    const bool glu = gu.frag && moe_glu_;
+    Tensor act = scratch(DType::F32, {pairs, I});
     {
+      Tensor h = glu ? Tensor() : scratch(DType::F32, {pairs, 2 * I});
       Tensor q = scratch(DType::U8, {rows * H}), d = scratch(DType::F32, {rows * H / 32});
       tile_x(x.f32(), n, H, row_pair.ptr<int32_t>(), int(k), rows, q.ptr<int8_t>(), d.f32(), st_);
       mmq_experts(gu, 2 * I, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
-                  row_pair.ptr<int32_t>(), h.f32(), st_);
+                  row_pair.ptr<int32_t>(), glu, glu ? act.f32() : h.f32(), st_);
+      if (!glu) gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
     }
-    Tensor act = scratch(DType::F32, {pairs, I});
-    gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
-    h = Tensor();
     Tensor y = scratch(DType::F32, {pairs, H});
     {
       Tensor q = scratch(DType::U8, {rows * I}), d = scratch(DType::F32, {rows * I / 32});
       tile_x(act.f32(), pairs, I, row_pair.ptr<int32_t>(), 1, rows, q.ptr<int8_t>(), d.f32(), st_);
       mmq_experts(dn, H, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
-                  row_pair.ptr<int32_t>(), y.f32(), st_);
+                  row_pair.ptr<int32_t>(), false, y.f32(), st_);
     }
     moe_combine(y.f32(), weights.f32(), n, int(k), H, out.f32(), st_);
   }
@@ -1462,11 +1465,12 @@ class CudaBackend final : public Backend {
   bool frag_copies_ = true;  // MARKBASE_CUDA_FRAG_COPIES=0: no fragment-ordered copies (the kernels read the planes)
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
-  bool fuse_quant_ = true;
-  bool tiled_quant_ = false;  // MARKBASE_CUDA_TILED_QUANT=1: see NormQuant
-  bool bf16_out_ = false;     // MARKBASE_CUDA_BF16_OUT=1: see NormQuant
-  bool dense_prefill_ = false;   // MARKBASE_CUDA_DENSE_PREFILL
-  bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
+  bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
+  bool tiled_quant_ = true;   // MARKBASE_CUDA_TILED_QUANT=0: off; see NormQuant
+  bool bf16_out_ = true;      // MARKBASE_CUDA_BF16_OUT=0: off; see NormQuant
+  bool dense_prefill_ = true;    // MARKBASE_CUDA_DENSE_PREFILL=0: off
+  bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION
+  bool moe_glu_ = true;          // MARKBASE_CUDA_MOE_GLU=0: the grouped experts' GLU in its own kernel
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;

@@ -32,6 +32,11 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 bool pdl_enabled();
+// Blocks of 256 threads for a grid-stride loop over n elements: one an element, at most 65535 * 8.
+inline unsigned grid_1d(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return unsigned(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
   cudaLaunchAttribute attr[1];
@@ -57,6 +62,8 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+// What bf16 h of v left out, as a second bf16 (v ~ h + remainder to 16 bits of mantissa).
+__device__ __forceinline__ uint16_t bf16_remainder(float v, uint16_t h) { return f32_bf16(v - bf16_f32(h)); }
 __device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 // The clamp and SiLU of the clamp/silu ops and of a clipped linear's fused passes (one expression, the same bits).

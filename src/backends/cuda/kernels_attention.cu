@@ -360,7 +360,7 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
     const float v = c >= lo && c <= hi ? __expf(score(c) - m) * inv : 0.f;
     const uint16_t h = f32_bf16(v);
     out[c] = h;
-    if (out_lo) out_lo[c] = f32_bf16(v - bf16_f32(h));
+    if (out_lo) out_lo[c] = bf16_remainder(v, h);
   }
 }
 
@@ -375,7 +375,7 @@ __global__ void k_rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, i
     const float v = x[r * ld + h * hd + d];
     const uint16_t b = f32_bf16(v);
     hi[i] = b;
-    lo[i] = f32_bf16(v - bf16_f32(b));
+    lo[i] = bf16_remainder(v, b);
   }
 }
 // Heads [nh, rows, hd] back to rows [rows, nh, hd] (row stride ld).
@@ -481,23 +481,20 @@ void rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, in
                         cudaStream_t st) {
   const int64_t n = rows * nh * hd;
   if (n == 0) return;
-  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, int64_t(65535) * 8));
-  launch_kernel(k_rows_to_heads_bf16, blocks, 256, 0, st, x, ld, rows, nh, hd, hi, lo);
+  launch_kernel(k_rows_to_heads_bf16, grid_1d(n), 256, 0, st, x, ld, rows, nh, hd, hi, lo);
   check_launch("rows_to_heads_bf16");
 }
 
 void heads_to_rows(const float* x, int64_t rows, int64_t nh, int64_t hd, int64_t ld, float* out, cudaStream_t st) {
   const int64_t n = rows * nh * hd;
   if (n == 0) return;
-  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, int64_t(65535) * 8));
-  launch_kernel(k_heads_to_rows, blocks, 256, 0, st, x, rows, nh, hd, ld, out);
+  launch_kernel(k_heads_to_rows, grid_1d(n), 256, 0, st, x, rows, nh, hd, ld, out);
   check_launch("heads_to_rows");
 }
 
 void gather_kv(const KVSeq& s, int64_t k0, int64_t nk, int64_t row_elems, uint16_t* k, uint16_t* v, cudaStream_t st) {
   if (nk == 0) return;
-  const int64_t blocks = std::min<int64_t>((nk * row_elems / 8 + 255) / 256, int64_t(65535) * 8);
-  launch_kernel(k_gather_kv, unsigned(blocks), 256, 0, st, s, k0, nk, row_elems, k, v);
+  launch_kernel(k_gather_kv, grid_1d(nk * row_elems / 8), 256, 0, st, s, k0, nk, row_elems, k, v);
   check_launch("gather KV");
 }
 

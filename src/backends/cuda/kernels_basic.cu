@@ -455,10 +455,6 @@ __global__ void k_split_blocks(const uint8_t* raw, int64_t nblocks, int block_by
   }
 }
 
-unsigned grid_1d(int64_t n) {
-  const int64_t b = (n + 255) / 256;
-  return unsigned(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
-}
 int norm_threads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : cols > 64 ? 128 : 64; }
 
 }  // namespace

@@ -58,6 +58,23 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], int2
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
+// An int32 of magnitude below 2^22 as f32, exactly, in two full-rate operations (its bits added to
+// those of 1.5 * 2^23, which is then subtracted): the conversion instruction runs at 16 a clock an SM,
+// an eighth of the FP32 rate, and bounded the products' epilogue (4 conversions an mma).
+__device__ __forceinline__ float small_int_f32(int v) { return __int_as_float(v + 0x4B400000) - 12582912.f; }
+
+// A word of Q4_0 nibbles (byte j: element j low, j + 16 high, each value v in -8..7 stored as v + 8)
+// as two words of int8 mma operands, each byte 16 v: the nibble's top bit flipped is the signed 4-bit
+// v, and in a byte's high half that is 16 v - a mask and an xor a word, where a bytewise saturating
+// subtract (__vsubss4) is emulated in several. The products come out 16 times too large (at most
+// 2^19, within small_int_f32's range) and the weight scales carry the 1/16 (exact in f32).
+__device__ __forceinline__ void nibbles_x16(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  lo = ((v << 4) & 0xF0F0F0F0u) ^ 0x80808080u;
+  hi = (v & 0xF0F0F0F0u) ^ 0x80808080u;
+}
+template <WType T>
+constexpr float kNibbleScale = T == WType::Q4_0 ? 1.f / 16 : 1.f;
+
 // The A fragment of block kb of weight rows ra (fragment rows 0-7) and rb = ra + 8, with their
 // scales: a[0]/a[2] elements 4c..4c+3 and 16+4c..+3 of ra (c = lane % 4), a[1]/a[3] those of rb.
 template <WType T>
@@ -74,10 +91,8 @@ __device__ __forceinline__ Frag<T> load_a(const GpuWeight& w, int64_t ra, int64_
     const uint8_t* qs = static_cast<const uint8_t*>(w.qs);
     const uint32_t va = *reinterpret_cast<const uint32_t*>(qs + (ra * nb + kb) * 16 + 4 * c);
     const uint32_t vb = *reinterpret_cast<const uint32_t*>(qs + (rb * nb + kb) * 16 + 4 * c);
-    f.a[0] = __vsubss4(va & 0x0F0F0F0Fu, 0x08080808u);
-    f.a[2] = __vsubss4((va >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-    f.a[1] = __vsubss4(vb & 0x0F0F0F0Fu, 0x08080808u);
-    f.a[3] = __vsubss4((vb >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    nibbles_x16(va, f.a[0], f.a[2]);
+    nibbles_x16(vb, f.a[1], f.a[3]);
   } else {
     const int8_t* qs = static_cast<const int8_t*>(w.qs);
     const int8_t* pa = qs + (ra * nb + kb) * 32 + 4 * c;
@@ -87,8 +102,8 @@ __device__ __forceinline__ Frag<T> load_a(const GpuWeight& w, int64_t ra, int64_
     f.a[1] = *reinterpret_cast<const uint32_t*>(pb);
     f.a[3] = *reinterpret_cast<const uint32_t*>(pb + 16);
   }
-  f.sa = half_f32(w.scale[ra * nb + kb]);
-  f.sb = half_f32(w.scale[rb * nb + kb]);
+  f.sa = half_f32(w.scale[ra * nb + kb]) * kNibbleScale<T>;
+  f.sb = half_f32(w.scale[rb * nb + kb]) * kNibbleScale<T>;
   return f;
 }
 
@@ -173,35 +188,35 @@ __device__ __forceinline__ void store_glu(const Args& a, const float (&acc)[NJ][
   }
   __syncthreads();
   if (warp >= 2) return;
-  const int64_t rows = a.w[0].rows, r0 = int64_t(blockIdx.x) * 32 + warp * 16 + lane / 4;
+  const int64_t rows = a.tiles ? a.rows / 2 : a.w[0].rows, r0 = int64_t(blockIdx.x) * 32 + warp * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
     if (j >= ng) break;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t tr = (g0 + j) * 8 + 2 * (lane % 4) + e % 2;
-      if (tr < a.n)
-        a.y[0][tr * rows + r0 + (e < 2 ? 0 : 8)] = gelu_tanh(acc[j][e]) * up[((warp * NJ + j) * 4 + e) * 32 + lane];
+      const int64_t o = a.tiles ? a.row_out[tr] : tr < a.n ? tr : -1;
+      if (o >= 0)
+        a.y[0][o * rows + r0 + (e < 2 ? 0 : 8)] = gelu_tanh(acc[j][e]) * up[((warp * NJ + j) * 4 + e) * 32 + lane];
     }
   }
 }
 
 // The activations of blocks [kb, min(kb + CH, kb1)) of groups g0 .. g0 + ng - 1 into one buffer of
 // a chunk of CH blocks: per group kc * 256 bytes of quants and kc * 32 of scales, each a contiguous
-// run in the tiled layout.
+// run in the tiled layout. A group at a time: a flat loop over every group's 16-byte pieces paid two
+// divisions by a run-time length a piece, more instructions than the chunk's products.
 template <int CH>
 __device__ __forceinline__ void stage_x(const Args& a, int2* sq, float* sd, int64_t g0, int ng, int64_t kb,
                                         int64_t kb1) {
   const int kc = int(kb1 - kb < CH ? kb1 - kb : CH);
-  for (int i = threadIdx.x; i < ng * kc * 16; i += blockDim.x) {
-    const int j = i / (kc * 16), r = i % (kc * 16);
-    cp_async16(reinterpret_cast<char*>(&sq[j * CH * 32]) + r * 16,
-               reinterpret_cast<const char*>(a.xq) + ((g0 + j) * a.nkb + kb) * 256 + r * 16);
-  }
-  for (int i = threadIdx.x; i < ng * kc * 2; i += blockDim.x) {
-    const int j = i / (kc * 2), r = i % (kc * 2);
-    cp_async16(reinterpret_cast<char*>(&sd[j * CH * 8]) + r * 16,
-               reinterpret_cast<const char*>(a.xd) + ((g0 + j) * a.nkb + kb) * 32 + r * 16);
+  const char* q = reinterpret_cast<const char*>(a.xq) + (g0 * a.nkb + kb) * 256;
+  const char* d = reinterpret_cast<const char*>(a.xd) + (g0 * a.nkb + kb) * 32;
+  for (int j = 0; j < ng; ++j, q += a.nkb * 256, d += a.nkb * 32) {
+    for (int r = threadIdx.x; r < kc * 16; r += blockDim.x)
+      cp_async16(reinterpret_cast<char*>(&sq[j * CH * 32]) + r * 16, q + r * 16);
+    if (int(threadIdx.x) < kc * 2)
+      cp_async16(reinterpret_cast<char*>(&sd[j * CH * 8]) + threadIdx.x * 16, d + threadIdx.x * 16);
   }
   cp_async_commit();
 }
@@ -219,10 +234,10 @@ __device__ __forceinline__ void mma_groups(float (&acc)[NJ][4], const uint32_t (
     const float2 s = *reinterpret_cast<const float2*>(&sd[at * 8 + 2 * (lane % 4)]);
     int p[4] = {0, 0, 0, 0};
     mma_s8(p, af, b);
-    acc[j][0] += float(p[0]) * (sa * s.x);
-    acc[j][1] += float(p[1]) * (sa * s.y);
-    acc[j][2] += float(p[2]) * (sb * s.x);
-    acc[j][3] += float(p[3]) * (sb * s.y);
+    acc[j][0] += small_int_f32(p[0]) * (sa * s.x);
+    acc[j][1] += small_int_f32(p[1]) * (sa * s.y);
+    acc[j][2] += small_int_f32(p[2]) * (sb * s.x);
+    acc[j][3] += small_int_f32(p[3]) * (sb * s.y);
   }
 }
 
@@ -351,17 +366,15 @@ template <WType T>
 __device__ __forceinline__ void pair_block(const PairFrag<T>& f, int h, uint32_t (&a)[4], float& sa, float& sb) {
   if constexpr (T == WType::Q4_0) {
     const uint32_t va = h ? f.q[0].z : f.q[0].x, vb = h ? f.q[0].w : f.q[0].y;
-    a[0] = __vsubss4(va & 0x0F0F0F0Fu, 0x08080808u);
-    a[1] = __vsubss4(vb & 0x0F0F0F0Fu, 0x08080808u);
-    a[2] = __vsubss4((va >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-    a[3] = __vsubss4((vb >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    nibbles_x16(va, a[0], a[2]);
+    nibbles_x16(vb, a[1], a[3]);
   } else {
     const uint4 v = f.q[h];
     a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
   }
   const uint32_t s = h ? f.s.y : f.s.x;
-  sa = half_f32(uint16_t(s & 0xffffu));
-  sb = half_f32(uint16_t(s >> 16));
+  sa = half_f32(uint16_t(s & 0xffffu)) * kNibbleScale<T>;
+  sb = half_f32(uint16_t(s >> 16)) * kNibbleScale<T>;
 }
 
 // k_mmq over fragment-ordered weights: the same grid, staging and sums, the weights' loads one
@@ -379,9 +392,9 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   // pairs on the same 32 rows of gate and up)
   int64_t wrow = tile_row;
   int wi = 0;
-  if (a.glu) {
-    wi = warp / 2;
-    wrow = int64_t(blockIdx.x) * 32 - wi * 32;
+  if (a.glu) {  // experts: gate and up are an expert's two halves of one weight
+    wi = a.tiles ? 0 : warp / 2;
+    wrow = int64_t(blockIdx.x) * 32 + (warp / 2) * ((a.tiles ? a.rows / 2 : 0) - 32);
   } else {
     wi = weight_of_rows(a, wrow);
   }
@@ -679,7 +692,8 @@ void moe_tiles(const int32_t* experts, int64_t pairs, int64_t E, int32_t* row_pa
 }
 
 void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, const float* xd, const int32_t* tiles,
-                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, float* y, cudaStream_t st) {
+                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, bool glu, float* y,
+                 cudaStream_t st) {
   if (max_tiles == 0) return;
   Args a;
   a.w[0] = w;
@@ -692,6 +706,7 @@ void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, 
   a.row_out = row_pair;
   a.kb_per_split = a.nkb;
   a.y[0] = y;
+  a.glu = glu;
   launch(a, w.type, kMaxGroups, dim3(unsigned(rows_per_expert / kTileRows), unsigned(max_tiles), 1u), st);
   check_launch("mmq experts");
 }
