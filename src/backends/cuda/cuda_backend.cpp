@@ -1294,10 +1294,11 @@ class CudaBackend final : public Backend {
   // More rows than the GEMV takes, of Q8_0/Q4_0 weights: the tensor-core kernels read the blocks as
   // they are. Weights without a bf16 copy always take them (instead of dequantizing slabs of rows
   // for cuBLAS); beside one, the fragment-ordered copy's kernel up to kMmqRowsBesideCopies rows,
-  // cuBLAS on the bf16 copy above (E4B Q4_0 on an H100, tok/s at 8/16/32 streams: 1,424/2,431/4,255
-  // against cuBLAS's 1,274/2,525/4,745). MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most N
-  // rows there (planes where a weight has no fragment copy), 0 none.
-  static constexpr int64_t kMmqRowsBesideCopies = 8;
+  // cuBLAS on the bf16 copy above (E4B Q4_0 on an H100, decode tok/s at 16/32/64 streams: 3,570-3,645
+  // against cuBLAS's 2,440; 4,437-4,527 against 4,856; 6,057-8,467 against 8,979-9,058).
+  // MARKBASE_CUDA_MMQ_ROWS=N sends every product of at most N rows there (planes where a weight has no
+  // fragment copy), 0 none.
+  static constexpr int64_t kMmqRowsBesideCopies = 16;
   bool use_mmq(const std::vector<GpuWeight>& gw, int64_t n) const {
     if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= gemv_block_rows() || (debug_ & 1))
       return false;
