@@ -991,7 +991,7 @@ class CudaBackend final : public Backend {
       Tensor h = glu ? Tensor() : scratch(DType::F32, {pairs, 2 * I});
       Tensor q = scratch(DType::U8, {rows * H}), d = scratch(DType::F32, {rows * H / 32});
       tile_x(x.f32(), n, H, row_pair.ptr<int32_t>(), int(k), rows, q.ptr<int8_t>(), d.f32(), st_);
-      mmq_experts(gu, 2 * I, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
+      mmq_experts(gu, 2 * I, pairs, E, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(),
                   row_pair.ptr<int32_t>(), glu, glu ? act.f32() : h.f32(), st_);
       if (!glu) gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
     }
@@ -999,7 +999,7 @@ class CudaBackend final : public Backend {
     {
       Tensor q = scratch(DType::U8, {rows * I}), d = scratch(DType::F32, {rows * I / 32});
       tile_x(act.f32(), pairs, I, row_pair.ptr<int32_t>(), 1, rows, q.ptr<int8_t>(), d.f32(), st_);
-      mmq_experts(dn, H, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(), max_tiles,
+      mmq_experts(dn, H, pairs, E, q.ptr<int8_t>(), d.f32(), tiles.ptr<int32_t>(), n_tiles.ptr<int32_t>(),
                   row_pair.ptr<int32_t>(), false, y.f32(), st_);
     }
     moe_combine(y.f32(), weights.f32(), n, int(k), H, out.f32(), st_);

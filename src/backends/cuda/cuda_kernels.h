@@ -94,18 +94,21 @@ int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n);
 bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits);
 void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
          const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st);
-// Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles of up to 64 rows
-// on the device. moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1 for padding),
-// tiles [moe_max_tiles][4] and their count; mmq_experts then computes y[pair, rows_per_expert] =
-// W[expert] · x of each pair's tiled row (tile_x with src = row_pair), or with glu (w fragment-ordered,
-// each expert's rows gate then up) y[pair, rows_per_expert / 2] = gelu_tanh(gate · x) * (up · x).
+// Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles on the device, of
+// 8 * moe_tile_groups rows at most (up to 64, from the mean pairs an expert: a tile's sums live in
+// registers sized for its groups). moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1
+// for padding), tiles [moe_max_tiles][4] and their count; mmq_experts, given the same pairs and E, then
+// computes y[pair, rows_per_expert] = W[expert] · x of each pair's tiled row (tile_x with src =
+// row_pair), or with glu (w fragment-ordered, each expert's rows gate then up) y[pair, rows_per_expert /
+// 2] = gelu_tanh(gate · x) * (up · x).
 int64_t moe_tiled_rows(int64_t pairs, int64_t E);
+int moe_tile_groups(int64_t pairs, int64_t E);
 int64_t moe_max_tiles(int64_t pairs, int64_t E);
 void moe_tiles(const int32_t* experts, int64_t pairs, int64_t E, int32_t* row_pair, int32_t* tiles, int32_t* n_tiles,
                cudaStream_t st);
-void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, const float* xd, const int32_t* tiles,
-                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, bool glu, float* y,
-                 cudaStream_t st);
+void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, int64_t pairs, int64_t E, const int8_t* xq,
+                 const float* xd, const int32_t* tiles, const int32_t* n_tiles, const int32_t* row_pair, bool glu,
+                 float* y, cudaStream_t st);
 // Rows of w as bf16 into out [rows, cols] (for cuBLAS).
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st);
 void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st);

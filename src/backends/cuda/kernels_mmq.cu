@@ -680,20 +680,27 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
 }
 
 int64_t moe_tiled_rows(int64_t pairs, int64_t E) { return tiled_x_rows(pairs + 7 * std::min(pairs, E)); }
+int moe_tile_groups(int64_t pairs, int64_t E) {
+  // An expert's pairs vary around the mean: groups for 1.5 times it, a power of two up to 8.
+  return groups_per_tile((3 * pairs / std::max<int64_t>(2 * E, 1) + 7) / 8);
+}
 int64_t moe_max_tiles(int64_t pairs, int64_t E) {
-  return std::min(pairs, (pairs + kMaxGroups * 8 - 1) / (kMaxGroups * 8) + E);
+  const int64_t tile = 8 * moe_tile_groups(pairs, E);
+  return std::min(pairs, (pairs + tile - 1) / tile + E);
 }
 
 void moe_tiles(const int32_t* experts, int64_t pairs, int64_t E, int32_t* row_pair, int32_t* tiles, int32_t* n_tiles,
                cudaStream_t st) {
   launch_kernel(k_moe_tiles, 1u, 1024, size_t(3 * E) * sizeof(int), st, experts, pairs, int(E),
-                moe_tiled_rows(pairs, E), kMaxGroups * 8, row_pair, reinterpret_cast<int4*>(tiles), n_tiles);
+                moe_tiled_rows(pairs, E), 8 * moe_tile_groups(pairs, E), row_pair, reinterpret_cast<int4*>(tiles),
+                n_tiles);
   check_launch("moe tiles");
 }
 
-void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, const float* xd, const int32_t* tiles,
-                 const int32_t* n_tiles, int64_t max_tiles, const int32_t* row_pair, bool glu, float* y,
-                 cudaStream_t st) {
+void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, int64_t pairs, int64_t E, const int8_t* xq,
+                 const float* xd, const int32_t* tiles, const int32_t* n_tiles, const int32_t* row_pair, bool glu,
+                 float* y, cudaStream_t st) {
+  const int64_t max_tiles = moe_max_tiles(pairs, E);
   if (max_tiles == 0) return;
   Args a;
   a.w[0] = w;
@@ -707,7 +714,8 @@ void mmq_experts(const GpuWeight& w, int64_t rows_per_expert, const int8_t* xq, 
   a.kb_per_split = a.nkb;
   a.y[0] = y;
   a.glu = glu;
-  launch(a, w.type, kMaxGroups, dim3(unsigned(rows_per_expert / kTileRows), unsigned(max_tiles), 1u), st);
+  launch(a, w.type, moe_tile_groups(pairs, E), dim3(unsigned(rows_per_expert / kTileRows), unsigned(max_tiles), 1u),
+         st);
   check_launch("mmq experts");
 }
 
