@@ -820,8 +820,8 @@ class CudaBackend final : public Backend {
   // within the window) as the dense path above runs images: dense_heads on the chunk's queries laid
   // out by heads (one batched GEMM over the KV heads a product) and the chunk's key range (K and V
   // read in place from a plain store, gathered from pages or a ring), the causal mask, window and
-  // soft-cap in the softmax between. The attention kernel walks each row's keys a warp-step at a time on the CUDA cores,
-  // its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
+  // soft-cap in the softmax between. The attention kernel walks each row's keys a warp-step at a
+  // time on the CUDA cores, its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
   // positions). MARKBASE_CUDA_DENSE_PREFILL=0 turns it off.
   bool dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
     constexpr int64_t kMinRows = 64;
