@@ -37,21 +37,36 @@ inline unsigned grid_1d(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return unsigned(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
 }
+// cluster_z > 1: blocks in clusters of (1, 1, cluster_z), which grid.z must be a multiple of.
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                             unsigned cluster_z, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = cluster_z;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   g_device_calls.fetch_add(1, std::memory_order_relaxed);
   // A failed launch leaves its error for check_launch, which every launcher calls next.
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  launch_kernel_clustered(kernel, grid, block, smem, st, 1u, std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float bf16_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }

@@ -257,7 +257,6 @@ struct AttnArgs {
 };
 // out[n, nh, hd] = attention of q[n, nh, hd]; `partial` scratch for the key splits:
 // attention_partial_floats(args) floats.
-int64_t attention_splits(const AttnArgs& a);
 int64_t attention_partial_floats(const AttnArgs& a);
 void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st);
 // Keys k0 .. k0 + nk - 1 of s's store into contiguous bf16 rows of row_elems (nkv x hd, a multiple of 8).

@@ -4,12 +4,17 @@
 // A block takes one query row and GH query heads that share a KV head (so K and V are read once
 // for the group) and one of S splits of the row's keys; its 4 warps take every 4th key of the
 // split, each keeping an online softmax, merged in shared memory. With S > 1 (few query rows, as
-// in decode) the splits' partial results are merged by a second kernel, one block a (row, head).
-// (Merging in the last split block of a row to finish, with an arrival counter, was measured
-// slower: E4B Q4_0 tg128 355 vs 388 tok/s on an H200.) Every launch parameter is
-// fixed by the batch's shape, never by positions, so a recorded decode step stays valid.
+// in decode) the splits' partial results are merged: for up to 16 rows and splits of up to 128
+// keys, by the S blocks themselves as one thread block cluster, through each other's shared
+// memory; otherwise by a second kernel, one block a (row, head). (Merging in the last split block
+// of a row to finish, with an arrival counter, was measured slower: E4B Q4_0 tg128 355 vs 388
+// tok/s on an H200.) Every launch parameter is fixed by the batch's shape, never by positions, so
+// a recorded decode step stays valid.
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+
+#include <cooperative_groups.h>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -17,6 +22,8 @@
 namespace mb::cuda {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kAttnWarps = 4;
 
@@ -41,28 +48,12 @@ __device__ __forceinline__ int64_t kv_slot(const KVSeq& s, int64_t pos) {
   return s.ring ? pos % s.capacity : pos;
 }
 
-__device__ __forceinline__ void load8(const uint16_t* p, float* f) {
-  const int4 raw = *reinterpret_cast<const int4*>(p);  // not __ldg: the step's own kernels write K/V
+__device__ __forceinline__ void widen8(const int4 raw, float* f) {
   const uint32_t r[4] = {uint32_t(raw.x), uint32_t(raw.y), uint32_t(raw.z), uint32_t(raw.w)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     f[2 * i] = __uint_as_float(r[i] << 16);
     f[2 * i + 1] = __uint_as_float(r[i] & 0xffff0000u);
-  }
-}
-
-// A lane's share of one head's row: elements c * 256 + lane * 8 + [0, 8) of each chunk c (zeros past hd).
-template <int C>
-__device__ __forceinline__ void load_row(const uint16_t* row, int64_t hd, int lane, float (&f)[C][8]) {
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    const int64_t e = c * 256 + lane * 8;
-    if (e < hd) {
-      load8(row + e, f[c]);
-    } else {
-#pragma unroll
-      for (int t = 0; t < 8; ++t) f[c][t] = 0.f;
-    }
   }
 }
 
@@ -131,12 +122,18 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int
   }
 }
 
-// C: 256-element chunks of a head (1 or 2); GH: query heads per block.
-template <int C, int GH>
+// C: 256-element chunks of a head (1 or 2); GH: query heads per block; KU: keys a warp loads at
+// once. Taken one at a time, a warp's keys are a chain of memory round trips (each key's page-table
+// entry, then its K and V rows); KU keys' loads go out together (4 against 1: E4B Q4_0 tg128 +3%
+// on an H100; 8 was slower than 4).
+// CL: the S splits of a row are one thread block cluster and merge through each other's shared
+// memory (no partials in global memory, no merge kernel).
+template <int C, int GH, int KU, bool CL>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     k_attention(KVSeqs seqs, AttnArgs a, int64_t row0, int S, const float* q, float* out, float* part) {
   pdl_begin();
   extern __shared__ float sm[];  // [warps][GH][hd] acc, then [warps][GH] m and l
+  __shared__ float block_ml[GH][2];  // CL: the block's M and L a head
   const int64_t row = row0 + blockIdx.x;
   const int si = find_seq(seqs, row);
   if (si < 0) return;
@@ -170,33 +167,76 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
   const uint16_t* K = static_cast<const uint16_t*>(s.k);
   const uint16_t* V = static_cast<const uint16_t*>(s.v);
-  for (int64_t key = kb + warp; key < ke; key += kAttnWarps) {
-    const int64_t base = (kv_slot(s, key) * a.n_kv + g) * hd;
-    float kf[C][8], vf[C][8];
-    load_row<C>(K + base, hd, lane, kf);
-    load_row<C>(V + base, hd, lane, vf);  // issued with K's: one memory round trip a key, not two
-    float sc[GH];
+  // Keys key0 + j * kAttnWarps, j < KU, of this warp's share (every kAttnWarps-th key of the split).
+  for (int64_t key0 = kb + warp; key0 < ke; key0 += int64_t(kAttnWarps) * KU) {
+    int64_t base[KU];
 #pragma unroll
-    for (int i = 0; i < GH; ++i) {
-      float d = 0.f;
+    for (int j = 0; j < KU; ++j) {
+      const int64_t key = key0 + int64_t(j) * kAttnWarps;
+      base[j] = key < ke ? (kv_slot(s, key) * a.n_kv + g) * hd : -1;
+    }
+    int4 kr[KU][C], vr[KU][C];  // raw bf16 rows, widened where used (registers for KU keys' loads)
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+    for (int j = 0; j < KU; ++j)
 #pragma unroll
-        for (int t = 0; t < 8; ++t) d += qv[i][c][t] * kf[c][t];
-      d = warp_sum(d) * a.scale;
-      if (a.softcap > 0.f) d = a.softcap * tanhf(d / a.softcap);
-      sc[i] = d;
+      for (int c = 0; c < C; ++c) {
+        const int64_t e = c * 256 + lane * 8;
+        const bool in = base[j] >= 0 && e < hd;
+        // not __ldg: the step's own kernels write K/V
+        kr[j][c] = in ? *reinterpret_cast<const int4*>(K + base[j] + e) : make_int4(0, 0, 0, 0);
+        vr[j][c] = in ? *reinterpret_cast<const int4*>(V + base[j] + e) : make_int4(0, 0, 0, 0);
+      }
+    float sc[KU][GH];
+#pragma unroll
+    for (int j = 0; j < KU; ++j) {
+      float d[GH] = {};
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        float kf[8];
+        widen8(kr[j][c], kf);
+#pragma unroll
+        for (int i = 0; i < GH; ++i)
+#pragma unroll
+          for (int t = 0; t < 8; ++t) d[i] += qv[i][c][t] * kf[t];
+      }
+#pragma unroll
+      for (int i = 0; i < GH; ++i) sc[j][i] = d[i];
     }
 #pragma unroll
+    for (int j = 0; j < KU; ++j)
+#pragma unroll
+      for (int i = 0; i < GH; ++i) {
+        float d = warp_sum(sc[j][i]) * a.scale;
+        if (a.softcap > 0.f) d = a.softcap * tanhf(d / a.softcap);
+        sc[j][i] = base[j] >= 0 ? d : -INFINITY;
+      }
+#pragma unroll
     for (int i = 0; i < GH; ++i) {
-      const float mn = fmaxf(m[i], sc[i]);
-      const float corr = __expf(m[i] - mn), w = __expf(sc[i] - mn);
-      l[i] = l[i] * corr + w;
+      float mn = m[i];
+#pragma unroll
+      for (int j = 0; j < KU; ++j) mn = fmaxf(mn, sc[j][i]);
+      const float corr = __expf(m[i] - mn);  // key0 is valid, so mn is finite
+      float w[KU];
+      l[i] *= corr;
+#pragma unroll
+      for (int j = 0; j < KU; ++j) {
+        w[j] = __expf(sc[j][i] - mn);  // 0 for keys past the split
+        l[i] += w[j];
+      }
       m[i] = mn;
 #pragma unroll
       for (int c = 0; c < C; ++c)
 #pragma unroll
-        for (int t = 0; t < 8; ++t) acc[i][c][t] = acc[i][c][t] * corr + w * vf[c][t];
+        for (int t = 0; t < 8; ++t) acc[i][c][t] *= corr;
+#pragma unroll
+      for (int j = 0; j < KU; ++j)
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          float vf[8];
+          widen8(vr[j][c], vf);
+#pragma unroll
+          for (int t = 0; t < 8; ++t) acc[i][c][t] += w[j] * vf[t];
+        }
     }
   }
   // Merge the warps.
@@ -234,14 +274,50 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         out[at] = v / L;
         if (a.qo.q) quantize32(v / L, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
         if (a.qo.bf16) a.qo.bf16[at] = f32_bf16(v / L);
+      } else if (CL) {
+        sacc[i * hd + e] = v;  // warp 0's slot, which only this thread reads
       } else {
         part[((row * nh + h) * S + split) * (hd + 2) + 2 + e] = v;
       }
     }
     if (S > 1 && threadIdx.x == 0) {
-      part[((row * nh + h) * S + split) * (hd + 2)] = M;
-      part[((row * nh + h) * S + split) * (hd + 2) + 1] = L;
+      if (CL) {
+        block_ml[i][0] = M;
+        block_ml[i][1] = L;
+      } else {
+        part[((row * nh + h) * S + split) * (hd + 2)] = M;
+        part[((row * nh + h) * S + split) * (hd + 2) + 1] = L;
+      }
     }
+  }
+  if constexpr (CL) {
+    if (S == 1) return;
+    // The cluster's S blocks are the row's splits: each merges its share of the GH x hd outputs, a
+    // warp 32 consecutive ones at a time, reading every split's partials from its shared memory.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int64_t total = GH * hd, groups = (total + 31) / 32;
+    for (int64_t gi = int64_t(cluster.block_rank()) * kAttnWarps + warp; gi < groups; gi += int64_t(S) * kAttnWarps) {
+      const int64_t idx = gi * 32 + lane;
+      const int i = int(idx < total ? idx / hd : 0);
+      const int64_t e = idx % hd;
+      float M = -INFINITY;
+      for (int sp = 0; sp < S; ++sp) M = fmaxf(M, cluster.map_shared_rank(&block_ml[0][0], sp)[i * 2]);
+      float L = 0.f, v = 0.f;
+      for (int sp = 0; sp < S; ++sp) {
+        const float* ml = cluster.map_shared_rank(&block_ml[0][0], sp) + i * 2;
+        const float w = ml[0] == -INFINITY ? 0.f : __expf(ml[0] - M);
+        L += w * ml[1];
+        if (idx < total) v += w * cluster.map_shared_rank(sacc, sp)[i * hd + e];
+      }
+      if (idx < total) {  // whole warps when hd is a multiple of 32, as quantized outputs require
+        const int64_t at = (row * nh + h0 + i) * hd + e;
+        out[at] = v / L;
+        if (a.qo.q) quantize32(v / L, at, a.qo.q, a.qo.d, a.qo.s, a.qo.tiled_cols);
+        if (a.qo.bf16) a.qo.bf16[at] = f32_bf16(v / L);
+      }
+    }
+    cluster.sync();  // no block leaves while another reads its shared memory
   }
 }
 
@@ -317,17 +393,64 @@ void rows_of(const KVSeqs& seqs, int64_t& row0, int64_t& rows) {
   rows = hi > row0 ? hi - row0 : 0;
 }
 
-template <int C, int GH>
-void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, const float* q, float* out,
-            float* part, cudaStream_t st) {
+// Clusters of up to 16 blocks are beyond the portable 8 and must be allowed per kernel.
+template <int C, int GH, int KU, bool CL>
+void set_attention_attributes() {
+  static bool done = false;  // > 48 KB of shared memory must be asked for once per kernel
+  if (done) return;
+  cudaFuncSetAttribute(k_attention<C, GH, KU, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+  if (CL) cudaFuncSetAttribute(k_attention<C, GH, KU, CL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  done = true;
+}
+
+template <int C, int GH, int KU, bool CL>
+void launch_attention(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, const float* q,
+                      float* out, float* part, cudaStream_t st) {
   const size_t smem = size_t(kAttnWarps * GH) * (size_t(a.hd) + 2) * 4;
-  static bool raised = false;  // > 48 KB of shared memory must be asked for once per kernel
-  if (!raised) {
-    cudaFuncSetAttribute(k_attention<C, GH>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
-    raised = true;
-  }
+  set_attention_attributes<C, GH, KU, CL>();
   const dim3 grid(unsigned(rows), unsigned(a.n_heads / GH), unsigned(S));
-  launch_kernel(k_attention<C, GH>, grid, kAttnWarps * 32, smem, st, seqs, a, row0, S, q, out, part);
+  launch_kernel_clustered(k_attention<C, GH, KU, CL>, grid, kAttnWarps * 32, smem, st, CL ? unsigned(S) : 1u, seqs, a,
+                          row0, S, q, out, part);
+}
+
+template <int C, int GH>
+void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, bool cluster, const float* q,
+            float* out, float* part, cudaStream_t st) {
+  constexpr int KU = C == 1 ? 4 : 2;
+  if (cluster) return launch_attention<C, GH, KU, true>(seqs, a, row0, rows, S, q, out, part, st);
+  launch_attention<C, GH, KU, false>(seqs, a, row0, rows, S, q, out, part, st);
+}
+
+// The largest cluster of attention blocks the GPU schedules (MARKBASE_CUDA_ATTN_CLUSTER caps it;
+// 0 or 1: no clusters, splits merged by k_attention_merge).
+int attention_cluster_max() {
+  static const int n = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_ATTN_CLUSTER");
+    int cap = v ? std::atoi(v) : 16;
+    if (cap <= 1) return 1;
+    cap = cap > 16 ? 16 : cap;
+    // The largest block (head dim 512, 4 heads) as the probe: clusters of cap blocks must fit a GPC.
+    set_attention_attributes<2, 4, 2, true>();
+    for (; cap > 1; cap /= 2) {
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 1;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = unsigned(cap);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(1, 1, unsigned(cap));
+      cfg.blockDim = dim3(kAttnWarps * 32);
+      cfg.dynamicSmemBytes = size_t(kAttnWarps * 4) * 514 * 4;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, k_attention<2, 4, 2, true>, &cfg) == cudaSuccess && clusters > 0)
+        break;
+      (void)cudaGetLastError();
+    }
+    return cap;
+  }();
+  return n;
 }
 
 // One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16. Row b
@@ -508,7 +631,13 @@ void local_attention(const float* q, const float* k, const float* v, const float
   check_launch("local_attention");
 }
 
-int64_t attention_splits(const AttnArgs& a) {
+namespace {
+// Splits of the keys a row's attention takes, and whether they merge in a cluster.
+struct AttnPlan {
+  int S = 1;
+  bool cluster = false;
+};
+AttnPlan attention_plan(const AttnArgs& a) {
   // Enough splits to fill the GPU twice over, of at least 32 keys each and at most 512: a warp
   // walks its keys one after another, so in decode (a few rows) the keys per warp, not the bytes,
   // set the time. Prefill rows fill the GPU alone (one split, no merge).
@@ -517,22 +646,35 @@ int64_t attention_splits(const AttnArgs& a) {
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
   const int64_t fill = (attention_waves() * 132 + base - 1) / (base > 0 ? base : 1);
   int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 31) / 32));
-  return s < 1 ? 1 : s > 32 ? 32 : s;
+  s = s < 1 ? 1 : s > 32 ? 32 : s;
+  AttnPlan p;
+  p.S = int(s);
+  // A cluster's worth of splits of at most 128 keys merge in the cluster: one kernel, not two (E4B
+  // Q4_0 tg128 +5-6%, 8 streams +4%). Not for more than 16 rows: at 64 streams clusters of 3 were
+  // 3% slower than the merge kernel, at 128 (2 splits) the same.
+  const int64_t cap = attention_cluster_max();
+  if (s > 1 && cap > 1 && a.n_rows <= 16 && (a.max_keys + cap - 1) / cap <= 128) {
+    p.S = int(std::min(s, cap));
+    p.cluster = true;
+  }
+  return p;
 }
+}  // namespace
 
 int64_t attention_partial_floats(const AttnArgs& a) {
-  const int64_t S = attention_splits(a);
-  return S > 1 ? a.n_rows * a.n_heads * S * (a.hd + 2) : 0;
+  const AttnPlan p = attention_plan(a);
+  return p.S > 1 && !p.cluster ? a.n_rows * a.n_heads * p.S * (a.hd + 2) : 0;
 }
 
 void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out, float* partial, cudaStream_t st) {
   int64_t row0, rows;
   rows_of(seqs, row0, rows);
   if (rows == 0) return;
-  const int S = int(attention_splits(a));
+  const AttnPlan plan = attention_plan(a);
+  const int S = plan.S;
   const int gh = heads_per_block(a);
   const int c = a.hd > 256 ? 2 : 1;
-#define MB_ATTN(CC, GG) launch<CC, GG>(seqs, a, row0, rows, S, q, out, partial, st)
+#define MB_ATTN(CC, GG) launch<CC, GG>(seqs, a, row0, rows, S, plan.cluster, q, out, partial, st)
   if (c == 1) {
     if (gh == 8)
       MB_ATTN(1, 8);
@@ -552,7 +694,7 @@ void attention(const KVSeqs& seqs, const AttnArgs& a, const float* q, float* out
   }
 #undef MB_ATTN
   check_launch("attention");
-  if (S > 1) {
+  if (S > 1 && !plan.cluster) {
     launch_kernel(k_attention_merge, dim3(unsigned(rows), unsigned(a.n_heads)), 128, 0, st, seqs, a, row0, S, partial,
                   out);
     check_launch("attention merge");
