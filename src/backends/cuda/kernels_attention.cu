@@ -489,13 +489,18 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
 
 // Rows [rows, nh, hd] (row stride ld) to heads [nh, rows, hd] in bf16, with each value's remainder after
 // bf16 in lo: a head's rows, and a KV head's query heads, then sit in one contiguous matrix.
+// Where element i of heads [nh, rows, hd] lies in rows [rows, nh, hd] of row stride ld.
+__device__ __forceinline__ int64_t row_index_of_head_element(int64_t i, int64_t rows, int64_t hd, int64_t ld) {
+  const int64_t d = i % hd, r = (i / hd) % rows, h = i / (hd * rows);
+  return r * ld + h * hd + d;
+}
+
 __global__ void k_rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, int64_t hd, uint16_t* hi,
                                      uint16_t* lo) {
   pdl_begin();
   const int64_t total = rows * nh * hd;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = i % hd, r = (i / hd) % rows, h = i / (hd * rows);
-    const float v = x[r * ld + h * hd + d];
+    const float v = x[row_index_of_head_element(i, rows, hd, ld)];
     const uint16_t b = f32_bf16(v);
     hi[i] = b;
     lo[i] = bf16_remainder(v, b);
@@ -505,10 +510,8 @@ __global__ void k_rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, i
 __global__ void k_heads_to_rows(const float* x, int64_t rows, int64_t nh, int64_t hd, int64_t ld, float* out) {
   pdl_begin();
   const int64_t total = rows * nh * hd;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = i % hd, r = (i / hd) % rows, h = i / (hd * rows);
-    out[r * ld + h * hd + d] = x[i];
-  }
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
+    out[row_index_of_head_element(i, rows, hd, ld)] = x[i];
 }
 
 // Keys k0 .. k0 + nk - 1 of a sequence's store (pages or a ring) into contiguous rows of
