@@ -57,6 +57,24 @@ __device__ __forceinline__ void widen8(const int4 raw, float* f) {
   }
 }
 
+// Partial softmax results (m_s, l_s), s < n, from `ml(s)` (a float2), combined by their maxima: M = max
+// m_s, each partial's weight w_s = exp(m_s - M) (0 for a partial that saw no key) handed to
+// `weigh(s, w_s)` in order, and L = sum w_s l_s returned with M. The block's warps, the merge
+// kernel and the cluster merge all combine this way.
+template <class ML, class Weigh>
+__device__ __forceinline__ float2 combine_partials(int n, ML ml, Weigh weigh) {
+  float M = -INFINITY;
+  for (int s = 0; s < n; ++s) M = fmaxf(M, ml(s).x);
+  float L = 0.f;
+  for (int s = 0; s < n; ++s) {
+    const float2 p = ml(s);
+    const float w = p.x == -INFINITY ? 0.f : __expf(p.x - M);
+    L += w * p.y;
+    weigh(s, w);
+  }
+  return make_float2(M, L);
+}
+
 // out for heads h0 .. h0 + nheads - 1 (nheads <= 8) of `row` from the S <= 32 splits' partials
 // [M, L, acc[hd]], by one block. Loads go out kMergeBatch splits and kMergeElems elements at a
 // time (a merge that walked them one by one was a chain of L2 round trips). a.qo.q non-null: the
@@ -75,14 +93,8 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int
   __syncthreads();
   if (threadIdx.x < nheads) {
     const int i = threadIdx.x;
-    float M = -INFINITY;
-    for (int sp = 0; sp < S; ++sp) M = fmaxf(M, f[i][sp]);
-    float L = 0.f;
-    for (int sp = 0; sp < S; ++sp) {
-      const float w = f[i][sp] == -INFINITY ? 0.f : __expf(f[i][sp] - M);
-      L += w * l[i][sp];
-      f[i][sp] = w;
-    }
+    const float L = combine_partials(
+        S, [&](int sp) { return make_float2(f[i][sp], l[i][sp]); }, [&](int sp, float w) { f[i][sp] = w; }).y;
     for (int sp = S; sp < 32; ++sp) f[i][sp] = 0.f;
     inv_l[i] = 1.f / L;
   }
@@ -258,13 +270,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
   __syncthreads();
   for (int i = 0; i < GH; ++i) {
-    float M = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sml[(w * GH + i) * 2]);
-    float f[kAttnWarps], L = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) {
-      f[w] = M == -INFINITY ? 0.f : __expf(sml[(w * GH + i) * 2] - M);
-      L += f[w] * sml[(w * GH + i) * 2 + 1];
-    }
+    float f[kAttnWarps];
+    const float2 ML = combine_partials(
+        kAttnWarps, [&](int w) { return make_float2(sml[(w * GH + i) * 2], sml[(w * GH + i) * 2 + 1]); },
+        [&](int w, float wt) { f[w] = wt; });
+    const float M = ML.x, L = ML.y;
     const int64_t h = h0 + i;
     for (int64_t e = threadIdx.x; e < hd; e += blockDim.x) {
       float v = 0.f;
@@ -301,15 +311,17 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       const int64_t idx = gi * 32 + lane;
       const int i = int(idx < total ? idx / hd : 0);
       const int64_t e = idx % hd;
-      float M = -INFINITY;
-      for (int sp = 0; sp < S; ++sp) M = fmaxf(M, cluster.map_shared_rank(&block_ml[0][0], sp)[i * 2]);
-      float L = 0.f, v = 0.f;
-      for (int sp = 0; sp < S; ++sp) {
-        const float* ml = cluster.map_shared_rank(&block_ml[0][0], sp) + i * 2;
-        const float w = ml[0] == -INFINITY ? 0.f : __expf(ml[0] - M);
-        L += w * ml[1];
-        if (idx < total) v += w * cluster.map_shared_rank(sacc, sp)[i * hd + e];
-      }
+      float v = 0.f;
+      const float L = combine_partials(
+                          S,
+                          [&](int sp) {
+                            const float* ml = cluster.map_shared_rank(&block_ml[0][0], sp) + i * 2;
+                            return make_float2(ml[0], ml[1]);
+                          },
+                          [&](int sp, float w) {
+                            if (idx < total) v += w * cluster.map_shared_rank(sacc, sp)[i * hd + e];
+                          })
+                          .y;
       if (idx < total) {  // whole warps when hd is a multiple of 32, as quantized outputs require
         const int64_t at = (row * nh + h0 + i) * hd + e;
         out[at] = v / L;
@@ -403,10 +415,13 @@ void set_attention_attributes() {
   done = true;
 }
 
+// k_attention's dynamic shared memory: each warp's accumulators and (m, l) for the block's heads.
+size_t attention_smem_bytes(int64_t hd, int gh) { return size_t(kAttnWarps * gh) * (size_t(hd) + 2) * sizeof(float); }
+
 template <int C, int GH, int KU, bool CL>
 void launch_attention(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, const float* q,
                       float* out, float* part, cudaStream_t st) {
-  const size_t smem = size_t(kAttnWarps * GH) * (size_t(a.hd) + 2) * 4;
+  const size_t smem = attention_smem_bytes(a.hd, GH);
   set_attention_attributes<C, GH, KU, CL>();
   const dim3 grid(unsigned(rows), unsigned(a.n_heads / GH), unsigned(S));
   launch_kernel_clustered(k_attention<C, GH, KU, CL>, grid, kAttnWarps * 32, smem, st, CL ? unsigned(S) : 1u, seqs, a,
@@ -440,7 +455,7 @@ int attention_cluster_max() {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(1, 1, unsigned(cap));
       cfg.blockDim = dim3(kAttnWarps * 32);
-      cfg.dynamicSmemBytes = size_t(kAttnWarps * 4) * 514 * 4;
+      cfg.dynamicSmemBytes = attention_smem_bytes(512, 4);
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int clusters = 0;
