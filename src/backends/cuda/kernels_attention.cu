@@ -2,8 +2,9 @@
 // for head dims up to 512 (Gemma 4's full-attention layers), which FlashAttention does not cover.
 //
 // A block takes one query row and GH query heads that share a KV head (so K and V are read once
-// for the group) and one of S splits of the row's keys; its 4 warps take every 4th key of the
-// split, each keeping an online softmax, merged in shared memory. With S > 1 (few query rows, as
+// for the group; one head in decode of a few rows: heads_per_block) and one of S splits of the
+// row's keys; its 4 warps take every 4th key of the split, each keeping an online softmax, merged
+// in shared memory. With S > 1 (few query rows, as
 // in decode) the splits' partial results are merged: for up to 16 rows and splits of up to 128
 // keys, by the S blocks themselves as one thread block cluster, through each other's shared
 // memory; otherwise by a second kernel, one block a (row, head). (Merging in the last split block
@@ -26,6 +27,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kAttnWarps = 4;
+constexpr int64_t kFewRows = 16;  // rows of a decode of few sequences: one head a block, splits merged in clusters
 
 __device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
   if (seqs.ordered) {
@@ -137,7 +139,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part, int
 // C: 256-element chunks of a head (1 or 2); GH: query heads per block; KU: keys a warp loads at
 // once. Taken one at a time, a warp's keys are a chain of memory round trips (each key's page-table
 // entry, then its K and V rows); KU keys' loads go out together (4 against 1: E4B Q4_0 tg128 +3%
-// on an H100; 8 was slower than 4).
+// on an H100; 8 was slower than 4 at 4 heads a block, faster at one).
 // CL: the S splits of a row are one thread block cluster and merge through each other's shared
 // memory (no partials in global memory, no merge kernel).
 template <int C, int GH, int KU, bool CL>
@@ -387,9 +389,20 @@ __global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a
   for (int64_t e = threadIdx.x; e < a.hd; e += blockDim.x) dst[e] = f32_bf16(xr[e]);
 }
 
+// Query heads a block takes: those sharing a KV head read its K and V once. Up to 16 rows
+// (decode of a few sequences) take one head a block: 4 times the blocks, each with fewer registers,
+// so a warp's loads go out 8 keys at a time (KU, launch()) and the splits' warps finish in fewer
+// rounds; the K/V rows a group's blocks share come from L2 (E4B Q4_0 tg128 after 512 tokens on an
+// H100: 370 against 357 tok/s). MARKBASE_CUDA_ATTN_GH=N caps the heads a block at N for every launch.
 int heads_per_block(const AttnArgs& a) {
+  static const int gh_cap = [] {
+    const char* v = std::getenv("MARKBASE_CUDA_ATTN_GH");
+    return v ? std::max(1, std::atoi(v)) : 0;
+  }();
   const int64_t group = a.n_heads / a.n_kv;
-  const int cap = a.hd > 256 ? 4 : 8;
+  int cap = a.hd > 256 ? 4 : 8;
+  if (gh_cap > 0) cap = std::min(cap, gh_cap);
+  else if (a.n_rows <= kFewRows) cap = 1;
   for (int gh = cap; gh > 1; gh /= 2)
     if (group % gh == 0) return gh;
   return 1;
@@ -431,7 +444,8 @@ void launch_attention(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64
 template <int C, int GH>
 void launch(const KVSeqs& seqs, const AttnArgs& a, int64_t row0, int64_t rows, int S, bool cluster, const float* q,
             float* out, float* part, cudaStream_t st) {
-  constexpr int KU = C == 1 ? 4 : 2;
+  // Keys' loads in flight a warp, as the registers allow: a block of one head has room for twice as many.
+  constexpr int KU = (C == 1 ? 4 : 2) * (GH == 1 ? 2 : 1);
   if (cluster) return launch_attention<C, GH, KU, true>(seqs, a, row0, rows, S, q, out, part, st);
   launch_attention<C, GH, KU, false>(seqs, a, row0, rows, S, q, out, part, st);
 }
@@ -671,7 +685,7 @@ AttnPlan attention_plan(const AttnArgs& a) {
   // Q4_0 tg128 +5-6%, 8 streams +4%). Not for more than 16 rows: at 64 streams clusters of 3 were
   // 3% slower than the merge kernel, at 128 (2 splits) the same.
   const int64_t cap = attention_cluster_max();
-  if (s > 1 && cap > 1 && a.n_rows <= 16 && (a.max_keys + cap - 1) / cap <= 128) {
+  if (s > 1 && cap > 1 && a.n_rows <= kFewRows && (a.max_keys + cap - 1) / cap <= 128) {
     p.S = int(std::min(s, cap));
     p.cluster = true;
   }
