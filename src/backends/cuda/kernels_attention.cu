@@ -27,7 +27,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kAttnWarps = 4;
-constexpr int64_t kFewRows = 16;  // rows of a decode of few sequences: one head a block, splits merged in clusters
+constexpr int64_t kFewRows = 16;     // decode rows whose key splits merge in a cluster
+constexpr int64_t kOneHeadRows = 8;  // decode rows that take one head a block
 
 __device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
   if (seqs.ordered) {
@@ -389,11 +390,12 @@ __global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a
   for (int64_t e = threadIdx.x; e < a.hd; e += blockDim.x) dst[e] = f32_bf16(xr[e]);
 }
 
-// Query heads a block takes: those sharing a KV head read its K and V once. Up to 16 rows
-// (decode of a few sequences) take one head a block: 4 times the blocks, each with fewer registers,
-// so a warp's loads go out 8 keys at a time (KU, launch()) and the splits' warps finish in fewer
-// rounds; the K/V rows a group's blocks share come from L2 (E4B Q4_0 tg128 after 512 tokens on an
-// H100: 370 against 357 tok/s). MARKBASE_CUDA_ATTN_GH=N caps the heads a block at N for every launch.
+// Query heads a block takes: those sharing a KV head read its K and V once. Up to 8 rows (decode
+// of a few sequences) take one head a block: 4 times the blocks, each with fewer registers, so a
+// warp's loads go out 8 keys at a time (KU, launch()) and the splits' warps finish in fewer rounds;
+// the K/V rows a group's blocks share come from L2. E4B Q4_0 after 512 tokens on an H100: tg128 388
+// against 374 tok/s, 8 streams equal, 16 streams 1% slower (hence 8). MARKBASE_CUDA_ATTN_GH=N caps
+// the heads a block at N for every launch.
 int heads_per_block(const AttnArgs& a) {
   static const int gh_cap = [] {
     const char* v = std::getenv("MARKBASE_CUDA_ATTN_GH");
@@ -402,7 +404,7 @@ int heads_per_block(const AttnArgs& a) {
   const int64_t group = a.n_heads / a.n_kv;
   int cap = a.hd > 256 ? 4 : 8;
   if (gh_cap > 0) cap = std::min(cap, gh_cap);
-  else if (a.n_rows <= kFewRows) cap = 1;
+  else if (a.n_rows <= kOneHeadRows) cap = 1;
   for (int gh = cap; gh > 1; gh /= 2)
     if (group % gh == 0) return gh;
   return 1;
