@@ -28,7 +28,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kAttnWarps = 4;
 constexpr int64_t kFewRows = 16;     // decode rows whose key splits merge in a cluster
-constexpr int64_t kOneHeadRows = 8;  // decode rows that take one head a block
+constexpr int64_t kOneHeadRows = 4;  // decode rows that take one head a block
 
 __device__ __forceinline__ int find_seq(const KVSeqs& seqs, int64_t row) {
   if (seqs.ordered) {
@@ -390,12 +390,12 @@ __global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a
   for (int64_t e = threadIdx.x; e < a.hd; e += blockDim.x) dst[e] = f32_bf16(xr[e]);
 }
 
-// Query heads a block takes: those sharing a KV head read its K and V once. Up to 8 rows (decode
+// Query heads a block takes: those sharing a KV head read its K and V once. Up to 4 rows (decode
 // of a few sequences) take one head a block: 4 times the blocks, each with fewer registers, so a
 // warp's loads go out 8 keys at a time (KU, launch()) and the splits' warps finish in fewer rounds;
-// the K/V rows a group's blocks share come from L2. E4B Q4_0 after 512 tokens on an H100: tg128 388
-// against 374 tok/s, 8 streams equal, 16 streams 1% slower (hence 8). MARKBASE_CUDA_ATTN_GH=N caps
-// the heads a block at N for every launch.
+// the K/V rows a group's blocks share come from L2. E4B Q4_0 after 512 tokens on an H100, against
+// the heads a block before: 1 / 2 / 4 / 8 / 16 streams +4% / +4% / +1% / 0 / -1%; 26B-A4B 1 and 8
+// streams +1% / -1%. MARKBASE_CUDA_ATTN_GH=N caps the heads a block at N for every launch.
 int heads_per_block(const AttnArgs& a) {
   static const int gh_cap = [] {
     const char* v = std::getenv("MARKBASE_CUDA_ATTN_GH");
