@@ -634,16 +634,18 @@ PY
       say "STEP_PROFILE: no ncu on this machine"
     else
       for b in $STEP_PROFILE; do
-        # Sequences prefill one at a time (1-token prompts: ~600 launches each, after ~2,000 of loading and
-        # warming up); ncu skips most of those launches and times every kernel after them alone (graph nodes one
-        # by one). The table takes the last STEP_PROFILE_TG runs of kernels that end in a pick (argmax): the
-        # decode steps.
+        # Sequences prefill one at a time (1-token prompts: one forward each, ~570 launches for E4B's 42 layers,
+        # fewer for models of fewer layers, after ~1,500 of loading and warming up); ncu skips most of those
+        # launches and times every kernel after them alone (graph nodes one by one). The skip must stay below the
+        # real count (at 600 a sequence it passed E4B's decode steps from 64 streams up), so it takes 300 a
+        # sequence and the window reaches past the rest of the prefill. The table takes the last
+        # STEP_PROFILE_TG runs of kernels that end in a pick (argmax): the decode steps.
         steps=${STEP_PROFILE_TG:-3}
         # shellcheck disable=SC2086  # one word per assignment
         run_step "ncu-$b" "${BENCH_TIMEOUT:-180}" env LD_LIBRARY_PATH="$mb_ld" ${STEP_PROFILE_ENV:-} "$ncu_bin" --graph-profiling node \
-          --metrics gpu__time_duration.sum --csv --page raw --launch-skip $((b * 600 + 1500)) \
-          --launch-count $((steps * 900 + 1500)) "$markbase" bench --device cuda -m "$file" --batch "$b" --pp 1 --tg "$steps" \
-          --reps 1
+          --metrics gpu__time_duration.sum --csv --page raw --launch-skip $((b * 300 + 1000)) \
+          --launch-count $((b * 500 + steps * 1200 + 3000)) "$markbase" bench --device cuda -m "$file" --batch "$b" --pp 1 \
+          --tg "$steps" --reps 1
         python3 - "$work/ncu-$b.log" "$b" "$steps" <<'PY' | tee -a "$md"
 import csv, collections, io, sys
 text = open(sys.argv[1], errors="replace").read().splitlines()
