@@ -4,8 +4,7 @@
 // A block takes one query row and GH query heads that share a KV head (so K and V are read once
 // for the group; one head in decode of a few rows: heads_per_block) and one of S splits of the
 // row's keys; its 4 warps take every 4th key of the split, each keeping an online softmax, merged
-// in shared memory. With S > 1 (few query rows, as
-// in decode) the splits' partial results are merged: for up to 16 rows and splits of up to 128
+// in shared memory. With S > 1 (few query rows, as in decode) the splits' partial results are merged: for up to 16 rows and splits of up to 128
 // keys, by the S blocks themselves as one thread block cluster, through each other's shared
 // memory; otherwise by a second kernel, one block a (row, head). (Merging in the last split block
 // of a row to finish, with an arrival counter, was measured slower: E4B Q4_0 tg128 355 vs 388
@@ -393,9 +392,9 @@ __global__ void k_attention_inputs(float* q, float* k, float* v, AttnInputArgs a
 // Query heads a block takes: those sharing a KV head read its K and V once. Up to 4 rows (decode
 // of a few sequences) take one head a block: 4 times the blocks, each with fewer registers, so a
 // warp's loads go out 8 keys at a time (KU, launch()) and the splits' warps finish in fewer rounds;
-// the K/V rows a group's blocks share come from L2. E4B Q4_0 after 512 tokens on an H100, against
-// the heads a block before: 1 / 2 / 4 / 8 / 16 streams +4% / +4% / +1% / 0 / -1%; 26B-A4B 1 and 8
-// streams +1% / -1%. MARKBASE_CUDA_ATTN_GH=N caps the heads a block at N for every launch.
+// the K/V rows a group's blocks share come from L2. Past 4 rows the GPU is full without it and the
+// repeated K/V reads cost more than they save (docs/cuda.md has the A/B). MARKBASE_CUDA_ATTN_GH=N
+// caps the heads a block at N for every launch.
 int heads_per_block(const AttnArgs& a) {
   static const int gh_cap = [] {
     const char* v = std::getenv("MARKBASE_CUDA_ATTN_GH");
