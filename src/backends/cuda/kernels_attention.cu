@@ -4,9 +4,10 @@
 // A block takes one query row and GH query heads that share a KV head (so K and V are read once
 // for the group; one head in decode of a few rows: heads_per_block) and one of S splits of the
 // row's keys; its 4 warps take every 4th key of the split, each keeping an online softmax, merged
-// in shared memory. With S > 1 (few query rows, as in decode) the splits' partial results are merged: for up to 16 rows and splits of up to 128
-// keys, by the S blocks themselves as one thread block cluster, through each other's shared
-// memory; otherwise by a second kernel, one block a (row, head). (Merging in the last split block
+// in shared memory. With S > 1 (few query rows, as in decode) the splits' partial results are
+// merged: for up to 16 rows and splits of up to 128 keys, by the S blocks themselves as one thread
+// block cluster, through each other's shared memory; otherwise by a second kernel, one block a
+// (row, head). (Merging in the last split block
 // of a row to finish, with an arrival counter, was measured slower: E4B Q4_0 tg128 355 vs 388
 // tok/s on an H200.) Every launch parameter is fixed by the batch's shape, never by positions, so
 // a recorded decode step stays valid.
