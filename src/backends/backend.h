@@ -79,6 +79,10 @@ class Backend {
   // The element type of KV stores (KVPageManager and KVCache allocate in it). Ops take f32
   // activations and convert when they write K/V.
   virtual DType kv_dtype() const { return DType::F32; }
+  // The most rows a model hands one gated_ffn call: a prompt's [rows, F] gate and up activations
+  // are its largest, so a host backend keeps them to a cache-friendly stretch, while a GPU's
+  // products want a prompt's rows at once (a product of 256 rows leaves SMs without tiles).
+  virtual int64_t ffn_rows_per_call() const { return 256; }
 
   // Copies a step's host arrays to the backend's memory in one transfer; until the next call, an
   // op given a pointer into one of them (ids, positions, page tables) reads that copy. Host-memory

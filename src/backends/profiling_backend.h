@@ -51,6 +51,7 @@ class ProfilingBackend : public Backend {
   }
   bool supports_weight_dtype(DType dtype) const override { return in_.supports_weight_dtype(dtype); }
   DType kv_dtype() const override { return in_.kv_dtype(); }
+  int64_t ffn_rows_per_call() const override { return in_.ffn_rows_per_call(); }
   void synchronize() override { in_.synchronize(); }
   void stage(const std::vector<HostArray>& arrays) override { in_.stage(arrays); }
   // Recording would hide the ops from the timer: a profiled run issues every op.

@@ -207,6 +207,8 @@ class CudaBackend final : public Backend {
     moe_glu_ = env_int("MARKBASE_CUDA_MOE_GLU", 1) != 0;
     dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
+    ffn_rows_ = std::max(1, env_int("MARKBASE_CUDA_FFN_ROWS", 2048));
+    pair_glu_ = env_int("MARKBASE_CUDA_PAIR_GLU", 1) != 0;
   }
 
   ~CudaBackend() override {
@@ -233,6 +235,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::CUDA; }
   DType kv_dtype() const override { return DType::BF16; }
+  int64_t ffn_rows_per_call() const override { return ffn_rows_; }
   bool supports_weight_dtype(DType d) const override {
     return d == DType::F32 || d == DType::BF16 || d == DType::F16 || dtype_is_quantized(d);
   }
@@ -518,7 +521,20 @@ class CudaBackend final : public Backend {
       gemv_batch(gw.data(), &y, 2, true, x);
       return;
     }
-    Tensor up = scratch(DType::F32, out.shape), xb;
+    Tensor xb;
+    if (pair_glu_) {
+      Tensor y2 = scratch(DType::F32, {2, n, gw[0].rows});
+      const int gate_at = gemm_pair(x, xb, gw[0], gw[1], y2);
+      if (gate_at >= 0) {
+        const int64_t half = n * gw[0].rows;
+        const QuantOut qo = quantize_next(out, true);  // for the down projection
+        cuda::gelu_tanh_mul(y2.f32() + gate_at * half, y2.f32() + (1 - gate_at) * half, out.f32(), half, st_,
+                            qo.bf16);
+        quantized_now(out, qo);
+        return;
+      }
+    }
+    Tensor up = scratch(DType::F32, out.shape);
     gemm(x, xb, gw[0], out);
     gemm(x, xb, gw[1], up);
     const QuantOut qo = quantize_next(out, true);  // for the down projection
@@ -1369,6 +1385,33 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // gate and up over one input as one cuBLASLt product of batch 2 (the second weight at its distance
+  // from the first in memory, the outputs one [2, n, m] buffer): one launch of twice the tiles fills
+  // the waves that two launches of a prompt's few hundred rows leave part empty. Returns the index
+  // (0 or 1) of gate's output in y2, or -1 where a weight has no bf16 rows (y2 untouched).
+  int gemm_pair(const Tensor& x, Tensor& xb, const GpuWeight& wg, const GpuWeight& wu, Tensor& y2) {
+    auto rows_of = [](const GpuWeight& w) -> const uint16_t* {
+      return w.type == WType::BF16 ? static_cast<const uint16_t*>(w.qs) : w.bf16;
+    };
+    const uint16_t *g = rows_of(wg), *u = rows_of(wu);
+    const int64_t n = x.rows(), k = x.cols(), m = wg.rows;
+    if (!g || !u || wu.rows != m || wu.cols != k || y2.numel() != 2 * n * m) return -1;
+    if (xb.empty() && !take_norm_quant(x, CopyLayout::Bf16, xb)) {
+      xb = scratch(DType::BF16, {n, k});
+      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
+    }
+    const bool up_first = u < g;  // a batch's matrices lie at a positive distance
+    const uint16_t* a0 = up_first ? u : g;
+    const int64_t dist = (up_first ? g - u : u - g);
+    const Plan& p = plan(m, n, k, m, 2);
+    cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &dist, sizeof(dist));
+    const float one = 1.f, zero = 0.f;
+    check_blas(cublasLtMatmul(lt_, p.op, &one, a0, p.a, xb.data, p.b, &zero, y2.f32(), p.c, y2.f32(), p.c, &p.algo,
+                              blas_ws_, kBlasWorkspace, st_),
+               "bf16 matrix product pair");
+    return up_first ? 1 : 0;
+  }
+
   // A bf16 product's cuBLASLt descriptors and algorithm, chosen once per shape: asking the
   // heuristic on every call (what cublasGemmEx does) cost more host time than a prefill's kernels.
   struct Plan {
@@ -1376,8 +1419,10 @@ class CudaBackend final : public Backend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc) {
-    const std::array<int64_t, 4> key = {m, n, k, ldc};
+  // batch 2: two weights over the same input into one [2, n, m] output (gemm_pair); the weights'
+  // distance is set on p.a before each call.
+  const Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, int batch = 1) {
+    const std::array<int64_t, 5> key = {m, n, k, ldc, batch};
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     Plan p;
@@ -1388,6 +1433,14 @@ class CudaBackend final : public Backend {
     check_blas(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k), uint64_t(m), k), "a matrix layout");
     check_blas(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k), uint64_t(n), k), "a matrix layout");
     check_blas(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(m), uint64_t(n), ldc), "a matrix layout");
+    if (batch > 1) {
+      const int64_t sa = m * k, sb = 0, sc = ldc * n;
+      for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch));
+      cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof(sa));
+      cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof(sb));
+      cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof(sc));
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulPreferenceCreate(&pref);
     const size_t ws = kBlasWorkspace;
@@ -1457,7 +1510,7 @@ class CudaBackend final : public Backend {
   size_t n_marks_ = 0;
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  std::map<std::array<int64_t, 4>, Plan> plans_;
+  std::map<std::array<int64_t, 5>, Plan> plans_;
   void* blas_ws_ = nullptr;
   bool graphs_on_ = true;
   int bf16_copies_ = -1;
@@ -1470,6 +1523,8 @@ class CudaBackend final : public Backend {
   bool tiled_quant_ = true;   // MARKBASE_CUDA_TILED_QUANT=0: off; see NormQuant
   bool bf16_out_ = true;      // MARKBASE_CUDA_BF16_OUT=0: off; see NormQuant
   bool dense_prefill_ = true;    // MARKBASE_CUDA_DENSE_PREFILL=0: off
+  int64_t ffn_rows_ = 2048;      // MARKBASE_CUDA_FFN_ROWS: the rows of one gated_ffn call
+  bool pair_glu_ = true;         // MARKBASE_CUDA_PAIR_GLU=0: gate and up as two cuBLAS products
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION
   bool moe_glu_ = true;          // MARKBASE_CUDA_MOE_GLU=0: the grouped experts' GLU in its own kernel
   bool recording_ = false;

@@ -278,13 +278,13 @@ void Gemma4Model::ffn_block(int l, Tensor& x, Tensor& h, float scale, const Tens
   const bool add1 = cfg_.norm_adds_one;
 
   Tensor m = be_.scratch(DType::F32, {n, H});
-  // The [n, F] gate and up outputs are a prefill's largest activations, so a prompt of more than
-  // kFfnRows tokens runs the FFN in equal stretches of at most that many: peak memory is one
-  // stretch's working set. Stretches of over kFfnRows / 2 tokens take the kernel path the whole
-  // prompt would, and on a given path a token's result does not depend on the batch, so no
+  // The [n, F] gate and up outputs are a prefill's largest activations, so a prompt of more rows
+  // than the backend asks for runs the FFN in equal stretches of at most that many: peak memory is
+  // one stretch's working set. On the CPU, stretches of over half that take the kernel path the
+  // whole prompt would, and on a given path a token's result does not depend on the batch, so no
   // number changes.
-  constexpr int64_t kFfnRows = 256;
-  const int64_t n_stretches = (n + kFfnRows - 1) / kFfnRows, stretch = (n + n_stretches - 1) / n_stretches;
+  const int64_t max_rows = std::max<int64_t>(1, be_.ffn_rows_per_call());
+  const int64_t n_stretches = (n + max_rows - 1) / max_rows, stretch = (n + n_stretches - 1) / n_stretches;
   for (int64_t r0 = 0; r0 < n; r0 += stretch) {
     const int64_t rows = std::min(stretch, n - r0);
     Tensor hr = h.slice_rows(r0, rows), mr = m.slice_rows(r0, rows);
