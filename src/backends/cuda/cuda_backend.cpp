@@ -1388,7 +1388,8 @@ class CudaBackend final : public Backend {
   // gate and up over one input as one cuBLASLt product of batch 2 (the second weight at its distance
   // from the first in memory, the outputs one [2, n, m] buffer): one launch of twice the tiles fills
   // the waves that two launches of a prompt's few hundred rows leave part empty. Returns the index
-  // (0 or 1) of gate's output in y2, or -1 where a weight has no bf16 rows (y2 untouched).
+  // (0 or 1) of gate's output in y2, or -1 where a weight has no bf16 rows or cuBLASLt refuses the
+  // weights' distance for the shape's algorithm (y2 untouched; refused, the pair is not tried again).
   int gemm_pair(const Tensor& x, Tensor& xb, const GpuWeight& wg, const GpuWeight& wu, Tensor& y2) {
     auto rows_of = [](const GpuWeight& w) -> const uint16_t* {
       return w.type == WType::BF16 ? static_cast<const uint16_t*>(w.qs) : w.bf16;
@@ -1406,9 +1407,13 @@ class CudaBackend final : public Backend {
     const Plan& p = plan(m, n, k, m, 2);
     cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &dist, sizeof(dist));
     const float one = 1.f, zero = 0.f;
-    check_blas(cublasLtMatmul(lt_, p.op, &one, a0, p.a, xb.data, p.b, &zero, y2.f32(), p.c, y2.f32(), p.c, &p.algo,
-                              blas_ws_, kBlasWorkspace, st_),
-               "bf16 matrix product pair");
+    const cublasStatus_t st = cublasLtMatmul(lt_, p.op, &one, a0, p.a, xb.data, p.b, &zero, y2.f32(), p.c, y2.f32(),
+                                             p.c, &p.algo, blas_ws_, kBlasWorkspace, st_);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+      pair_glu_ = false;
+      return -1;
+    }
+    check_blas(st, "bf16 matrix product pair");
     return up_first ? 1 : 0;
   }
 
