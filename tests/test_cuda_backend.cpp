@@ -858,6 +858,42 @@ TEST_F(CudaOps, MatmulGeluMulAndGatedFfn) {
   });
 }
 
+// Gate and up as one cuBLASLt product of batch 2 (the default on cuBLAS's path) give what two
+// products give, whichever of the two weights lies first in memory (the pair's first matrix is the
+// lower address: swapping the arguments covers both orders).
+TEST_F(CudaOps, GluPairIsTwoProducts) {
+  const int64_t H = 768, F = 2048;
+  const std::unique_ptr<Backend> two = gpu_with("MARKBASE_CUDA_PAIR_GLU", "0"),
+                                 pair = gpu_with("MARKBASE_CUDA_PAIR_GLU", "1");
+  std::mt19937 rng(23);
+  const auto fa = randn(size_t(F * H), rng, 1.f / std::sqrt(float(H))),
+             fb = randn(size_t(F * H), rng, 1.f / std::sqrt(float(H))),
+             fd = randn(size_t(H * F), rng, 1.f / std::sqrt(float(F)));
+  for (DType dt : {DType::BF16, DType::Q4_0})
+    for (bool swap : {false, true})
+      for (int64_t n : {64, 300}) guarded("GLU pair " + dname(dt), [&] {
+          const auto x = randn(size_t(n * H), rng);
+          auto side = [&](Backend& be) {
+            const Tensor a = be.prepare_weight(host_weight(dt, {F, H}, fa), dt),
+                         b = be.prepare_weight(host_weight(dt, {F, H}, fb), dt),
+                         d = be.prepare_weight(host_weight(dt, {H, F}, fd), dt);
+            const Tensor& gate = swap ? b : a;
+            const Tensor& up = swap ? a : b;
+            const Tensor xs = upload(be, {n, H}, x);
+            Tensor g = poisoned(be, {n, F}), o = poisoned(be, {n, H});
+            be.matmul_gelu_mul(xs, gate, up, g);
+            be.gated_ffn(xs, gate, up, d, o);
+            return std::make_pair(download(be, g), download(be, o));
+          };
+          const auto [g2, o2] = side(*two);
+          const auto [g1, o1] = side(*pair);
+          const std::string what = mm_label("GLU", dt, n, H, F) + (swap ? " (arguments swapped)" : "");
+          check(what + ": pair vs two products", g2, g1, 1e-5);
+          // The GLU's output is rounded to bf16 for the down product, where one ulp apart may round apart.
+          check(what + ": gated_ffn, pair vs two products", o2, o1, 1e-3);
+        });
+}
+
 // The GLU's and the gelu-times op's bf16 copies of their outputs (MARKBASE_CUDA_BF16_OUT=1) go to
 // the product after them in place of its own conversion: the same numbers as without them.
 TEST_F(CudaOps, GatedFfnOnTheGluBf16CopyIsTheSame) {
