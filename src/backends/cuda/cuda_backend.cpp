@@ -521,24 +521,20 @@ class CudaBackend final : public Backend {
       gemv_batch(gw.data(), &y, 2, true, x);
       return;
     }
-    Tensor xb;
-    if (pair_glu_) {
-      Tensor y2 = scratch(DType::F32, {2, n, gw[0].rows});
-      const int gate_at = gemm_pair(x, xb, gw[0], gw[1], y2);
-      if (gate_at >= 0) {
-        const int64_t half = n * gw[0].rows;
-        const QuantOut qo = quantize_next(out, true);  // for the down projection
-        cuda::gelu_tanh_mul(y2.f32() + gate_at * half, y2.f32() + (1 - gate_at) * half, out.f32(), half, st_,
-                            qo.bf16);
-        quantized_now(out, qo);
-        return;
-      }
+    Tensor xb, y2;
+    const float *gate = out.f32(), *up = nullptr;
+    const int gate_at = pair_glu_ ? gemm_pair(x, xb, gw[0], gw[1], y2) : -1;
+    if (gate_at >= 0) {
+      gate = y2.f32() + gate_at * out.numel();
+      up = y2.f32() + (1 - gate_at) * out.numel();
+    } else {
+      y2 = scratch(DType::F32, out.shape);
+      gemm(x, xb, gw[0], out);
+      gemm(x, xb, gw[1], y2);
+      up = y2.f32();
     }
-    Tensor up = scratch(DType::F32, out.shape);
-    gemm(x, xb, gw[0], out);
-    gemm(x, xb, gw[1], up);
     const QuantOut qo = quantize_next(out, true);  // for the down projection
-    cuda::gelu_tanh_mul(out.f32(), up.f32(), out.f32(), out.numel(), st_, qo.bf16);
+    cuda::gelu_tanh_mul(gate, up, out.f32(), out.numel(), st_, qo.bf16);
     quantized_now(out, qo);
   }
 
@@ -1351,6 +1347,17 @@ class CudaBackend final : public Backend {
     gemv_multi(ws, ys, nw, glu, x.f32(), &xq, n, st_);
   }
 
+  // x in bf16 for cuBLAS into xb, once: a norm's bf16 copy where it made one, else a conversion.
+  void bf16_input(const Tensor& x, Tensor& xb) {
+    if (!xb.empty() || take_norm_quant(x, CopyLayout::Bf16, xb)) return;
+    xb = scratch(DType::BF16, {x.rows(), x.cols()});
+    cuda::f32_to_bf16(x.f32(), x.numel(), xb.ptr<uint16_t>(), st_);
+  }
+  // A weight's bf16 rows for cuBLAS (bf16 weights themselves, else their copy), null where it has none.
+  static const uint16_t* bf16_rows(const GpuWeight& w) {
+    return w.type == WType::BF16 ? static_cast<const uint16_t*>(w.qs) : w.bf16;
+  }
+
   // y[n, m] = x · wᵀ on cuBLAS: f32 weights as f32, the others as bf16 with f32 accumulation. xb
   // holds x in bf16 once made (products sharing an input convert it once).
   void gemm(const Tensor& x, Tensor& xb, const GpuWeight& w, Tensor& y) {
@@ -1362,10 +1369,7 @@ class CudaBackend final : public Backend {
                  "f32 matrix product");
       return;
     }
-    if (xb.empty() && !take_norm_quant(x, CopyLayout::Bf16, xb)) {
-      xb = scratch(DType::BF16, {n, k});
-      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
-    }
+    bf16_input(x, xb);
     auto run = [&](const uint16_t* wb, int64_t row0, int64_t rows) {
       // Rows [row0, row0 + rows) of w give the output's columns there: ldc stays m.
       const Plan& p = plan(rows, n, k, m);
@@ -1373,8 +1377,7 @@ class CudaBackend final : public Backend {
                                 &p.algo, blas_ws_, kBlasWorkspace, st_),
                  "bf16 matrix product");
     };
-    if (w.type == WType::BF16) return run(static_cast<const uint16_t*>(w.qs), 0, m);
-    if (w.bf16) return run(w.bf16, 0, m);
+    if (const uint16_t* rows = bf16_rows(w)) return run(rows, 0, m);
     // No bf16 copy: dequantize a slab of rows at a time.
     const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(m, (int64_t(64) << 20) / std::max<int64_t>(k, 1)));
     Tensor wb = scratch(DType::BF16, {slab, k});
@@ -1388,19 +1391,15 @@ class CudaBackend final : public Backend {
   // gate and up over one input as one cuBLASLt product of batch 2 (the second weight at its distance
   // from the first in memory, the outputs one [2, n, m] buffer): one launch of twice the tiles fills
   // the waves that two launches of a prompt's few hundred rows leave part empty. Returns the index
-  // (0 or 1) of gate's output in y2, or -1 where a weight has no bf16 rows or cuBLASLt refuses the
-  // weights' distance for the shape's algorithm (y2 untouched; refused, the pair is not tried again).
+  // (0 or 1) of gate's output in y2 (made here, [2, n, m]), or -1 where a weight has no bf16 rows or
+  // cuBLASLt refuses the weights' distance for the shape's algorithm (refused, the pair is not tried
+  // again).
   int gemm_pair(const Tensor& x, Tensor& xb, const GpuWeight& wg, const GpuWeight& wu, Tensor& y2) {
-    auto rows_of = [](const GpuWeight& w) -> const uint16_t* {
-      return w.type == WType::BF16 ? static_cast<const uint16_t*>(w.qs) : w.bf16;
-    };
-    const uint16_t *g = rows_of(wg), *u = rows_of(wu);
+    const uint16_t *g = bf16_rows(wg), *u = bf16_rows(wu);
     const int64_t n = x.rows(), k = x.cols(), m = wg.rows;
-    if (!g || !u || wu.rows != m || wu.cols != k || y2.numel() != 2 * n * m) return -1;
-    if (xb.empty() && !take_norm_quant(x, CopyLayout::Bf16, xb)) {
-      xb = scratch(DType::BF16, {n, k});
-      cuda::f32_to_bf16(x.f32(), n * k, xb.ptr<uint16_t>(), st_);
-    }
+    if (!g || !u || wu.rows != m || wu.cols != k) return -1;
+    bf16_input(x, xb);
+    y2 = scratch(DType::F32, {2, n, m});
     const bool up_first = u < g;  // a batch's matrices lie at a positive distance
     const uint16_t* a0 = up_first ? u : g;
     const int64_t dist = (up_first ? g - u : u - g);
