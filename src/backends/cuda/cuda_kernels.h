@@ -94,6 +94,12 @@ int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n);
 bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits);
 void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
          const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st);
+// mmq's products (same modes, splits and direct writes) on bf16 activation rows xb [n, k], where every
+// weight is Q4_0 with its fragment-ordered copy (mmq_bf16_supports): exact weights against bf16
+// activations, no quantization of x.
+bool mmq_bf16_supports(const GpuWeight* ws, int nw);
+void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
+              int64_t n, int64_t splits, float* part, cudaStream_t st);
 // Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles on the device, of
 // 8 * moe_tile_groups rows at most (up to 64, from the mean pairs an expert: a tile's sums live in
 // registers sized for its groups). moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1

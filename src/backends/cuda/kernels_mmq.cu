@@ -14,6 +14,7 @@
 // scales d as [group][block][8 rows]. A CUDA block computes 64
 // weight rows (16 a warp: one m16n8k32 A fragment) against NJ groups of 8 activation rows.
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/cuda_kernels.h"
@@ -52,7 +53,7 @@ __global__ void k_tile_x(const float* x, int64_t k, int64_t n, const int32_t* sr
 }
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], int2 b) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
@@ -113,6 +114,7 @@ struct Args {
   int64_t rows = 0;  // dense: the weights' rows end to end; experts: rows of one expert
   const int2* xq = nullptr;
   const float* xd = nullptr;
+  const uint16_t* xb = nullptr;  // k_mmq_bf16: the activations as bf16 rows [n, nkb * 32]
   int64_t nkb = 0;
   int64_t n = 0, groups = 0;                 // dense: activation rows, their groups of 8
   const int4* tiles = nullptr;               // experts: (expert, first tiled row, rows) per tile
@@ -223,21 +225,28 @@ __device__ __forceinline__ void stage_x(const Args& a, int2* sq, float* sd, int6
 
 // Block blk of the staged chunk, every group's, against one A fragment (rows ra, rb with scales
 // sa, sb): each block's exact int32 sums scaled by the weight's and the activation's block scales.
+// Every one of the NJ groups, staged or not (a group past the tile's holds stale bytes whose sums
+// are never stored): a branch between groups made each group's loads, mma and scaling wait on the
+// group before it.
 template <int NJ, int CH>
 __device__ __forceinline__ void mma_groups(float (&acc)[NJ][4], const uint32_t (&af)[4], float sa, float sb,
-                                           const int2* sq, const float* sd, int blk, int ng, int lane) {
+                                           const int2* sq, const float* sd, int blk, int lane) {
+  int2 b[NJ];
+  float2 s[NJ];
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
-    if (j >= ng) break;
     const int at = j * CH + blk;
-    const int2 b = sq[at * 32 + lane];
-    const float2 s = *reinterpret_cast<const float2*>(&sd[at * 8 + 2 * (lane % 4)]);
+    b[j] = sq[at * 32 + lane];
+    s[j] = *reinterpret_cast<const float2*>(&sd[at * 8 + 2 * (lane % 4)]);
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
     int p[4] = {0, 0, 0, 0};
-    mma_s8(p, af, b);
-    acc[j][0] += small_int_f32(p[0]) * (sa * s.x);
-    acc[j][1] += small_int_f32(p[1]) * (sa * s.y);
-    acc[j][2] += small_int_f32(p[2]) * (sb * s.x);
-    acc[j][3] += small_int_f32(p[3]) * (sb * s.y);
+    mma_s8(p, af, b[j]);
+    acc[j][0] += small_int_f32(p[0]) * (sa * s[j].x);
+    acc[j][1] += small_int_f32(p[1]) * (sa * s[j].y);
+    acc[j][2] += small_int_f32(p[2]) * (sb * s[j].x);
+    acc[j][3] += small_int_f32(p[3]) * (sb * s[j].y);
   }
 }
 
@@ -248,6 +257,32 @@ __device__ __forceinline__ int weight_of_rows(const Args& a, int64_t& wrow) {
   if (!a.tiles)
     while (wi + 1 < a.nw && wrow >= pick_w(a, wi).rows) wrow -= pick_w(a, wi++).rows;
   return wi;
+}
+
+// The weight wi a warp's rows lie in and, in wrow, the block's first row there (warp w's 16 rows
+// from wrow + 16 w). glu: warps 0-1 on 32 rows of gate, 2-3 on the same rows of up (experts: an
+// expert's two halves of one weight).
+__device__ __forceinline__ int warp_weight(const Args& a, int warp, int64_t& wrow) {
+  wrow = int64_t(blockIdx.x) * kTileRows;
+  if (!a.glu) return weight_of_rows(a, wrow);
+  wrow = int64_t(blockIdx.x) * 32 + (warp / 2) * ((a.tiles ? a.rows / 2 : 0) - 32);
+  return a.tiles ? 0 : warp / 2;
+}
+// A warp's share of a fragment-ordered product: its weight and first row (warp_weight), and the
+// blocks of 32 of its block's K split [kb0, kb1) with their pairs' end kp1 (nkp pairs a row).
+struct WarpSpan {
+  int wi;
+  int64_t wrow, nkp, kb0, kb1, kp1;
+};
+__device__ __forceinline__ WarpSpan warp_span(const Args& a, int warp) {
+  WarpSpan sp;
+  sp.wi = warp_weight(a, warp, sp.wrow);
+  const int64_t nb = pick_w(a, sp.wi).cols / 32;
+  sp.nkp = (nb + 1) / 2;
+  sp.kb0 = int64_t(blockIdx.z) * a.kb_per_split;
+  sp.kb1 = min(nb, sp.kb0 + a.kb_per_split);
+  sp.kp1 = (sp.kb1 + 1) / 2;
+  return sp;
 }
 
 // The activation groups of the block (read after the wait: experts' tiles are made on the device):
@@ -315,7 +350,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (u0 + u >= kc) break;
-        mma_groups<NJ, kChunk>(acc, f[u].a, f[u].sa, f[u].sb, sq[buf], sd[buf], u0 + u, ng, lane);
+        mma_groups<NJ, kChunk>(acc, f[u].a, f[u].sa, f[u].sb, sq[buf], sd[buf], u0 + u, lane);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) f[u] = fn[u];
@@ -377,6 +412,26 @@ __device__ __forceinline__ void pair_block(const PairFrag<T>& f, int h, uint32_t
   sb = half_f32(uint16_t(s >> 16)) * kNibbleScale<T>;
 }
 
+// block(u, h) for blocks 2u + h < kc of a chunk of kPairs pairs: a whole chunk with no branch between
+// its blocks (a branch there made each block's loads and mma wait on the block before), a last,
+// partial one with them.
+template <int kPairs, class F>
+__device__ __forceinline__ void for_chunk_blocks(int kc, F&& block) {
+  if (kc == 2 * kPairs) {
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      block(u, 0);
+      block(u, 1);
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (2 * u + h < kc) block(u, h);
+  }
+}
+
 // k_mmq over fragment-ordered weights: the same grid, staging and sums, the weights' loads one
 // 16-byte run a lane per pair of blocks, kept a chunk ahead of the products across chunks (and,
 // for a dense product of loaded weights, the first chunk's issued before the wait on the kernel
@@ -388,20 +443,11 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   __shared__ __align__(16) float sd[2][NJ * kCh * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
-  // wrow: the block's first row in weight wi, warp w's 16 rows from wrow + 16 w (glu: the warps'
-  // pairs on the same 32 rows of gate and up)
-  int64_t wrow = tile_row;
-  int wi = 0;
-  if (a.glu) {  // experts: gate and up are an expert's two halves of one weight
-    wi = a.tiles ? 0 : warp / 2;
-    wrow = int64_t(blockIdx.x) * 32 + (warp / 2) * ((a.tiles ? a.rows / 2 : 0) - 32);
-  } else {
-    wi = weight_of_rows(a, wrow);
-  }
+  const WarpSpan sp = warp_span(a, warp);
+  const int wi = sp.wi;
   const GpuWeight& w0 = pick_w(a, wi);
-  const int64_t nb = w0.cols / 32, nkp = (nb + 1) / 2;
-  const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
-  const int64_t kp1 = (kb1 + 1) / 2;
+  const int64_t nkp = sp.nkp, kb0 = sp.kb0, kb1 = sp.kb1, kp1 = sp.kp1;
+  int64_t wrow = sp.wrow;
   PairFrag<T> cur[kPairs];
   const bool early = !a.tiles && w0.fixed;
   auto load_chunk = [&](PairFrag<T>(&f)[kPairs], int64_t tile16, int64_t kp) {
@@ -433,23 +479,202 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
       cp_async_wait<0>();
     }
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kPairs; ++u) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (2 * u + h >= kc) break;
-        uint32_t af[4];
-        float sa, sb;
-        pair_block<T>(cur[u], h, af, sa, sb);
-        mma_groups<NJ, kCh>(acc, af, sa, sb, sq[buf], sd[buf], 2 * u + h, ng, lane);
-      }
-    }
+    auto block = [&](int u, int h) {
+      uint32_t af[4];
+      float sa, sb;
+      pair_block<T>(cur[u], h, af, sa, sb);
+      mma_groups<NJ, kCh>(acc, af, sa, sb, sq[buf], sd[buf], 2 * u + h, lane);
+    };
+    for_chunk_blocks<kPairs>(kc, block);
 #pragma unroll
     for (int u = 0; u < kPairs; ++u) cur[u] = nxt[u];
     __syncthreads();
   }
   if (a.glu)
     store_glu<NJ>(a, acc, reinterpret_cast<float*>(&sq[0][0]), g0, ng, warp, lane);
+  else
+    store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+}
+
+// ---- bf16 activations against fragment-ordered Q4_0 weights (k_mmq_bf16).
+//
+// Past 16 rows k_mmq_frag is bound by the instructions around each int8 mma (four conversions,
+// four scale products and four adds a block of 32 and group of 8 rows, the activations' block
+// scales among them), so that a step's time grows with its rows (E4B Q4_0 on an H100: 4.5 ms at 16
+// streams, 7.1 at 32). Here the activations stay bf16 (the rows the norms and the attention already
+// write for cuBLAS past 16 rows: no quantization at all) and the weights' nibbles become exact bf16
+// values n - 8 in registers, once a warp per block for every group of rows: a block of 32 is two
+// bf16 mma.sync (m16n8k16, f32 sums) whose sum is scaled by the weight rows' scales - four fused
+// multiply-adds, no conversions. The numbers are those of exact weights against bf16 activations
+// (cuBLAS's path rounds the weights to bf16 as well).
+//
+// K order within a block: an mma's logical k (2c, 2c+1 | 2c+8, 2c+9) of lane group c are the block's
+// elements (4c, 4c+1 | 4c+2, 4c+3) for the low nibbles and 16 more for the high ones, so that a
+// lane's A registers come out of its fragment-ordered word with one byte permute each, and its B
+// registers are one 8-byte load of four consecutive activations.
+constexpr int kBfPairs = 4, kBfChunk = 2 * kBfPairs;  // blocks of 32 a chunk: the weights' loads run a chunk ahead
+// A staged activation row: the chunk's bf16 and 32 bytes more, so that the 8 rows of a fragment
+// load (lane group stride) fall 32 bytes apart in the banks: a half-warp's 16 loads of 8 bytes
+// cover all 32 banks once.
+constexpr int kBfRowBytes = kBfChunk * 64 + 32;
+template <int NJ>
+constexpr size_t bf16_smem_bytes() {
+  return size_t(2) * NJ * 8 * kBfRowBytes;  // two chunk buffers
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint2 b) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+
+// A fragment-ordered Q4_0 word (bytes 4c..4c+3 of a row's block: elements 4c..+3 in the low nibbles,
+// 16+4c..+3 in the high) as four bf16 pairs n - 8: {4c, 4c+1}, {4c+2, 4c+3}, {16+4c, 16+4c+1},
+// {16+4c+2, 16+4c+3}. A nibble n under the bf16 exponent byte 0x43 is 128 + n; 136 off is n - 8, exact.
+__device__ __forceinline__ void nibbles_bf16(uint32_t v, uint32_t (&o)[4]) {
+  const uint32_t lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+  o[0] = __byte_perm(lo, 0x43434343u, 0x5140);
+  o[1] = __byte_perm(lo, 0x43434343u, 0x7362);
+  o[2] = __byte_perm(hi, 0x43434343u, 0x5140);
+  o[3] = __byte_perm(hi, 0x43434343u, 0x7362);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm("fma.rn.bf16x2 %0, %0, %1, %2;" : "+r"(o[i]) : "r"(0x3F803F80u), "r"(0xC308C308u));  // x * 1 - 136
+}
+
+// cp.async of 16 bytes, or zeros where bytes is 0 (rows past the activations').
+__device__ __forceinline__ void cp_async16_or_zeros(void* smem, const void* gmem, int bytes) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem), "r"(bytes) : "memory");
+}
+
+// A thread's share of staging a chunk: 16-byte piece `piece` of activation rows row0, row0 + 4, ...
+// of the block's tile, its addresses made once (worked out per piece and chunk, the staging had
+// cost as many instructions as the products: ~40 a piece).
+constexpr int kBfPieces = kBfChunk * 4;               // 16-byte pieces of a staged row
+constexpr int kBfRowsPerPass = kWarps * 32 / kBfPieces;  // rows the block's threads stage at once
+static_assert(kWarps * 32 % kBfPieces == 0, "a pass stages whole rows");
+struct BfStage {
+  const uint16_t* x;  // row row0's piece at block 0 of K
+  int64_t step;       // kBfRowsPerPass rows, in elements
+  int so;             // row row0's piece in a chunk buffer, in bytes
+  int rows;           // of the thread's rows, those that exist (the rest are staged as zeros)
+  int piece;
+};
+__device__ __forceinline__ BfStage bf_stage(const Args& a, int64_t g0) {
+  BfStage t;
+  t.piece = int(threadIdx.x) % kBfPieces;
+  const int row0 = int(threadIdx.x) / kBfPieces;
+  const int64_t first = g0 * 8 + row0, ld = a.nkb * 32;
+  t.x = a.xb + first * ld + t.piece * 8;
+  t.step = kBfRowsPerPass * ld;
+  t.so = row0 * kBfRowBytes + t.piece * 16;
+  t.rows = first < a.n ? int((a.n - first + kBfRowsPerPass - 1) / kBfRowsPerPass) : 0;
+  return t;
+}
+// Blocks [kb, kb + kc) of the tile's NJ groups of rows into a chunk buffer.
+template <int NJ>
+__device__ __forceinline__ void stage_bf16(const Args& a, const BfStage& t, char* s, int64_t kb, int kc) {
+  if (t.piece < kc * 4) {
+#pragma unroll
+    for (int i = 0; i < NJ * 8 / kBfRowsPerPass; ++i) {
+      const bool in = i < t.rows;
+      cp_async16_or_zeros(s + t.so + i * kBfRowsPerPass * kBfRowBytes, in ? t.x + i * t.step + kb * 32 : a.xb,
+                          in ? 16 : 0);
+    }
+  }
+  cp_async_commit();
+}
+
+// One block of 32 of the staged chunk (xs: lane's first bytes of it in group 0's rows) against a
+// pair-half's two A fragments (lo: elements 0-15, hi: 16-31), every group: two mma a group, its sum
+// scaled by the rows' scales sa, sb. No branch between groups (rows past the activations' are
+// staged as zeros), so that their loads and mma chains interleave.
+template <int NJ>
+__device__ __forceinline__ void mma_bf16_groups(float (&acc)[NJ][4], const uint32_t (&lo)[4],
+                                                const uint32_t (&hi)[4], float sa, float sb, const char* xs) {
+  uint2 b0[NJ], b1[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    b0[j] = *reinterpret_cast<const uint2*>(xs + j * 8 * kBfRowBytes);
+    b1[j] = *reinterpret_cast<const uint2*>(xs + j * 8 * kBfRowBytes + 32);
+  }
+  float p[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.f;
+    mma_bf16(p[j], lo, b0[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    mma_bf16(p[j], hi, b1[j]);
+    acc[j][0] += p[j][0] * sa;
+    acc[j][1] += p[j][1] * sa;
+    acc[j][2] += p[j][2] * sb;
+    acc[j][3] += p[j][3] * sb;
+  }
+}
+
+// k_mmq_frag's grid, weight loads and epilogues (Q4_0, dense products), the activations as bf16.
+template <int NJ>
+__global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
+  extern __shared__ __align__(16) char smem[];
+  constexpr WType T = WType::Q4_0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, c = lane % 4;
+  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
+  const WarpSpan sp = warp_span(a, warp);
+  const int wi = sp.wi;
+  const GpuWeight& w0 = pick_w(a, wi);
+  const int64_t nkp = sp.nkp, kb0 = sp.kb0, kb1 = sp.kb1, kp1 = sp.kp1;
+  const int64_t tile16 = (sp.wrow + warp * 16) / 16;
+  PairFrag<T> cur[kBfPairs];
+  auto load_chunk = [&](PairFrag<T>(&f)[kBfPairs], int64_t kp) {
+#pragma unroll
+    for (int u = 0; u < kBfPairs; ++u)
+      if (kp + u < kp1) f[u] = load_pair<T>(pick_w(a, wi), tile16, nkp, kp + u, lane);
+  };
+  if (w0.fixed) load_chunk(cur, kb0 / 2);
+  pdl_begin();
+  if (!w0.fixed) load_chunk(cur, kb0 / 2);
+  const int64_t g0 = int64_t(blockIdx.y) * NJ;
+  const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  constexpr int kBufBytes = NJ * 8 * kBfRowBytes;
+  float acc[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const BfStage stage = bf_stage(a, g0);
+  auto chunk_blocks = [&](int64_t kb) { return int(kb1 - kb < kBfChunk ? kb1 - kb : kBfChunk); };
+  if (kb0 < kb1) stage_bf16<NJ>(a, stage, smem, kb0, chunk_blocks(kb0));
+  int buf = 0;
+  for (int64_t kb = kb0; kb < kb1; kb += kBfChunk, buf ^= 1) {
+    const int kc = chunk_blocks(kb);
+    PairFrag<T> nxt[kBfPairs];
+    load_chunk(nxt, (kb + kBfChunk) / 2);
+    if (kb + kBfChunk < kb1) {
+      stage_bf16<NJ>(a, stage, smem + (buf ^ 1) * kBufBytes, kb + kBfChunk, chunk_blocks(kb + kBfChunk));
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const char* xs = smem + buf * kBufBytes + gr * kBfRowBytes + 8 * c;
+    auto block = [&](int u, int h) {
+      uint32_t ra[4], rb[4];
+      nibbles_bf16(h ? cur[u].q[0].z : cur[u].q[0].x, ra);
+      nibbles_bf16(h ? cur[u].q[0].w : cur[u].q[0].y, rb);
+      const uint32_t lo[4] = {ra[0], rb[0], ra[1], rb[1]}, hi[4] = {ra[2], rb[2], ra[3], rb[3]};
+      const uint32_t s = h ? cur[u].s.y : cur[u].s.x;
+      mma_bf16_groups<NJ>(acc, lo, hi, half_f32(uint16_t(s & 0xffffu)), half_f32(uint16_t(s >> 16)),
+                          xs + (2 * u + h) * 64);
+    };
+    for_chunk_blocks<kBfPairs>(kc, block);
+#pragma unroll
+    for (int u = 0; u < kBfPairs; ++u) cur[u] = nxt[u];
+    __syncthreads();
+  }
+  if (a.glu)
+    store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
   else
     store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
 }
@@ -532,16 +757,23 @@ void launch_nj(const Args& a, dim3 grid, cudaStream_t st) {
   else
     launch_kernel(k_mmq<T, NJ>, grid, kWarps * 32, 0, st, a);
 }
+// f<NJ>() for NJ = nj (1 to kMaxGroups).
+template <class F>
+void with_groups(int nj, F&& f) {
+  switch (nj) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 5: return f(std::integral_constant<int, 5>());
+    case 6: return f(std::integral_constant<int, 6>());
+    case 7: return f(std::integral_constant<int, 7>());
+    default: return f(std::integral_constant<int, 8>());
+  }
+}
 template <WType T>
 void launch_t(const Args& a, int nj, dim3 grid, cudaStream_t st) {
-  if (nj == 1)
-    launch_nj<T, 1>(a, grid, st);
-  else if (nj == 2)
-    launch_nj<T, 2>(a, grid, st);
-  else if (nj <= 4)
-    launch_nj<T, 4>(a, grid, st);
-  else
-    launch_nj<T, 8>(a, grid, st);
+  with_groups(nj, [&](auto g) { launch_nj<T, decltype(g)::value>(a, grid, st); });
 }
 void launch(const Args& a, WType t, int nj, dim3 grid, cudaStream_t st) {
   if (t == WType::Q4_0)
@@ -560,8 +792,12 @@ int sm_count() {
   return n;
 }
 
+// Groups of 8 rows a tile: the product's groups in tiles of at most kMaxGroups, as even as they go
+// (the kernels compute every group of a tile: fewer rows in a tile are wasted products).
 int groups_per_tile(int64_t groups) {
-  return groups <= 1 ? 1 : groups <= 2 ? 2 : groups <= 4 ? 4 : kMaxGroups;
+  if (groups <= kMaxGroups) return int(std::max<int64_t>(groups, 1));
+  const int64_t tiles = (groups + kMaxGroups - 1) / kMaxGroups;
+  return int((groups + tiles - 1) / tiles);
 }
 
 __global__ void k_moe_tiles(const int32_t* experts, int64_t pairs, int E, int64_t tiled_rows, int tile_rows,
@@ -646,9 +882,11 @@ bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits) {
                          (mode == MmqMode::GeluTimes && nw == 1));
 }
 
-void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
-         const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st) {
-  if (n == 0) return;
+namespace {
+
+// The launch's arguments but for the activations; the kernel writes ys itself where direct (see mmq_direct).
+Args mmq_args(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, int64_t n, int64_t splits,
+              float* part, bool direct) {
   Args a;
   a.nw = nw;
   for (int i = 0; i < nw; ++i) {
@@ -656,27 +894,67 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
     a.rows += ws[i].rows;
     a.y[i] = ys[mode == MmqMode::Plain ? i : 0];
   }
-  a.xq = reinterpret_cast<const int2*>(xq);
-  a.xd = xd;
   a.nkb = ws[0].cols / 32;
   a.n = n;
   a.groups = (n + 7) / 8;
   a.kb_per_split = ((a.nkb + splits - 1) / splits + 3) / 4 * 4;  // whole quads of blocks
-  const bool direct = mmq_direct(ws, nw, mode, splits);
   a.part = direct ? nullptr : part;
   if (direct) {
     a.glu = mode == MmqMode::Glu;
     a.m = mode == MmqMode::GeluTimes ? m : nullptr;
   }
+  return a;
+}
+
+void mmq_reduce(const Args& a, MmqMode mode, const float* m, int64_t splits, cudaStream_t st) {
+  const int64_t out = a.n * (mode == MmqMode::Glu ? a.w[0].rows : a.rows);
+  const int64_t blocks = std::min<int64_t>((out + 255) / 256, 8 * int64_t(sm_count()));
+  launch_kernel(k_mmq_reduce, unsigned(blocks), 256, 0, st, a, int(splits), mode, m);
+  check_launch("mmq reduce");
+}
+
+template <int NJ>
+void launch_bf16(const Args& a, dim3 grid, cudaStream_t st) {
+  constexpr size_t smem = bf16_smem_bytes<NJ>();
+  static const bool sized =
+      cudaFuncSetAttribute(k_mmq_bf16<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+  (void)sized;  // a refusal shows as the launch's error
+  launch_kernel(k_mmq_bf16<NJ>, grid, kWarps * 32, smem, st, a);
+}
+
+}  // namespace
+
+bool mmq_bf16_supports(const GpuWeight* ws, int nw) {
+  for (int i = 0; i < nw; ++i)
+    if (ws[i].type != WType::Q4_0 || !ws[i].frag || !mmq_supports(ws[i]) || ws[i].cols != ws[0].cols) return false;
+  return nw > 0;
+}
+
+void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
+              int64_t n, int64_t splits, float* part, cudaStream_t st) {
+  if (n == 0) return;
+  const bool direct = mmq_direct(ws, nw, mode, splits);
+  Args a = mmq_args(ws, ys, nw, mode, m, n, splits, part, direct);
+  a.xb = xb;
+  const int nj = groups_per_tile(a.groups);
+  const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
+  with_groups(nj, [&](auto g) { launch_bf16<decltype(g)::value>(a, grid, st); });
+  check_launch("mmq bf16");
+  if (!direct) mmq_reduce(a, mode, m, splits, st);
+}
+
+void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
+         const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st) {
+  if (n == 0) return;
+  const bool direct = mmq_direct(ws, nw, mode, splits);
+  Args a = mmq_args(ws, ys, nw, mode, m, n, splits, part, direct);
+  a.xq = reinterpret_cast<const int2*>(xq);
+  a.xd = xd;
   const int nj = groups_per_tile(a.groups);
   const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
   launch(a, ws[0].type, nj, grid, st);
   check_launch("mmq");
-  if (direct) return;
-  const int64_t out = n * (mode == MmqMode::Glu ? ws[0].rows : a.rows);
-  const int64_t blocks = std::min<int64_t>((out + 255) / 256, 8 * int64_t(sm_count()));
-  launch_kernel(k_mmq_reduce, unsigned(blocks), 256, 0, st, a, int(splits), mode, m);
-  check_launch("mmq reduce");
+  if (!direct) mmq_reduce(a, mode, m, splits, st);
 }
 
 int64_t moe_tiled_rows(int64_t pairs, int64_t E) { return tiled_x_rows(pairs + 7 * std::min(pairs, E)); }
