@@ -1540,7 +1540,8 @@ class CudaBackend final : public Backend {
   int gemv_rows_ = -1;  // MARKBASE_CUDA_GEMV_ROWS: most rows for the GEMV where cuBLAS could run (-1: use_gemv's)
   int mmq_rows_ = -1;  // MARKBASE_CUDA_MMQ_ROWS: most rows for the tensor-core block products (-1: use_mmq's)
   bool frag_copies_ = true;  // MARKBASE_CUDA_FRAG_COPIES=0: no fragment-ordered copies (the kernels read the planes)
-  int mmq_bf16_from_ = 16, mmq_bf16_rows_ = 48;  // MARKBASE_CUDA_MMQ_BF16_FROM/_ROWS: see use_mmq_bf16
+  // MARKBASE_CUDA_MMQ_BF16_FROM/_ROWS: see use_mmq_bf16
+  int mmq_bf16_from_ = int(kMmqRowsBesideCopies), mmq_bf16_rows_ = int(kMmqBf16Rows);
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
   bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
