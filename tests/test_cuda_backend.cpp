@@ -1024,7 +1024,8 @@ TEST_F(CudaOps, MoeGatedExperts) {
 
 // Block-type products of more rows than the GEMV takes run on the tensor cores (kernels_mmq.cu;
 // by default for weights without a bf16 copy and up to 16 rows beside one, MARKBASE_CUDA_MMQ_ROWS=N
-// for all; Q4_0 past 16 rows takes bf16 activations, off here: MARKBASE_CUDA_MMQ_BF16_ROWS=0): same int8
+// for all; Q4_0 past 16 rows takes bf16 activations, off here: MARKBASE_CUDA_MMQ_BF16_ROWS=0 and
+// MARKBASE_CUDA_MMQ_WGMMA_ROWS=0): same int8
 // activations, same exact block sums, so each row must give the numbers the GEMV gives that row
 // alone, up to the order of float additions - far tighter than the CPU comparison.
 // Both weight layouts (no bf16 copies, where the kernels are the path): the planes as stored, and
@@ -1040,7 +1041,7 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
   for (DType dt : {DType::Q8_0, DType::Q4_0})
     for (Shape sh : {Shape{2560, 2048}, Shape{512, 192}, Shape{544, 128}, Shape{256, 192}}) guarded("mmq " + dname(dt), [&] {
       mbtest::ScopedEnv frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag), bf16_copies("MARKBASE_CUDA_BF16_COPIES", "0"),
-          int8_only("MARKBASE_CUDA_MMQ_BF16_ROWS", "0");
+          int8_only("MARKBASE_CUDA_MMQ_BF16_ROWS", "0"), no_wgmma("MARKBASE_CUDA_MMQ_WGMMA_ROWS", "0");
       const std::unique_ptr<Backend> mmq = gpu_with("MARKBASE_CUDA_MMQ_ROWS", "1024");
       Backend& be = *mmq;
       const Weight w = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng), u = random_weight(cpu(), be, dt, {sh.m, sh.k}, rng);
@@ -1081,41 +1082,44 @@ TEST_F(CudaOps, BlockProductsOfManyRowsMatchTheGemvRowByRow) {
     });
 }
 
-// Q4_0 products past the int8 kernel's rows run on bf16 activation rows (k_mmq_bf16): each output
-// is the exact weights against x rounded to bf16, summed in f32 - so to ~1e-6 of the range against
-// that sum in double here, where the int8 kernel's quantized activations would be ~1e-3 off and a
-// wrong K order or scale far more. Sent there from 5 rows on (MARKBASE_CUDA_MMQ_BF16_FROM=4) and
-// without bf16 copies, so every row count takes it; one and several K splits (k = 256 is one: the
-// GLU and gelu-times epilogues in the product kernel), 17 blocks of 32 (the last pairs with zeros),
-// groups of 8 rows cut short, and matmuls over two weights of different rows.
-TEST_F(CudaOps, Bf16ActivationBlockProductsAreExactWeightsOnBf16Rows) {
+// The products of Q4_0 weights on bf16 activation rows (k_mmq_bf16, k_mmq_wgmma) against the sum in
+// double of x rounded to bf16 times the weights' values - exact (k_mmq_bf16), or rounded to bf16 as the
+// weights' bf16 copies are (round_weights: k_mmq_wgmma) - so to ~1e-6 of the range, where the int8
+// kernel's quantized activations would be ~1e-3 off and a wrong K order or scale far more. The backend
+// is made under `env` (which sends every row count there, without bf16 copies); one and several K
+// splits (k = 256 is one: the GLU and gelu-times epilogues in the product kernel), 17 blocks of 32 (the
+// last pairs with zeros), chunks cut short, groups of 8 rows cut short, and matmuls over two weights of
+// different rows.
+void check_bf16_row_products(const std::vector<std::pair<const char*, const char*>>& env, bool round_weights,
+                             const std::string& what) {
   constexpr double kTol = 2e-5;
   std::mt19937 rng(24);
   struct Shape {
     int64_t k, m;
   };
   auto gelu = [](double v) { return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); };
-  mbtest::ScopedEnv from("MARKBASE_CUDA_MMQ_BF16_FROM", "4"), upto("MARKBASE_CUDA_MMQ_BF16_ROWS", "1024"),
-      frag("MARKBASE_CUDA_FRAG_COPIES", "1"), copies("MARKBASE_CUDA_BF16_COPIES", "0");
+  std::vector<std::unique_ptr<mbtest::ScopedEnv>> scoped;
+  for (const auto& [name, value] : env) scoped.push_back(std::make_unique<mbtest::ScopedEnv>(name, value));
+  mbtest::ScopedEnv frag("MARKBASE_CUDA_FRAG_COPIES", "1"), copies("MARKBASE_CUDA_BF16_COPIES", "0");
   const std::unique_ptr<Backend> gpu_bf16 = make_gpu();
   Backend& be = *gpu_bf16;
-  for (Shape sh : {Shape{1536, 512}, Shape{512, 192}, Shape{544, 128}, Shape{256, 192}}) guarded("mmq bf16", [&] {
+  for (Shape sh : {Shape{1536, 512}, Shape{512, 192}, Shape{544, 128}, Shape{256, 192}}) guarded(what, [&] {
     const int64_t k = sh.k, m = sh.m, m2 = 64;
-    // Weights and their exact values: the Q4_0 rows dequantized on the host.
-    auto make = [&](int64_t rows, std::vector<double>& exact) {
+    // Weights and the values the kernel multiplies: the Q4_0 rows dequantized on the host.
+    auto make = [&](int64_t rows, std::vector<double>& values) {
       const auto f = randn(size_t(rows * k), rng, 1.f / std::sqrt(float(k)));
       const Tensor src = host_weight(DType::Q4_0, {rows, k}, f);
       const size_t rb = mb::dtype_row_bytes(DType::Q4_0, k);
       std::vector<float> row(static_cast<size_t>(k));
       for (int64_t r = 0; r < rows; ++r) {
         mb::dequantize_row(DType::Q4_0, src.ptr<uint8_t>() + size_t(r) * rb, row.data(), k);
-        exact.insert(exact.end(), row.begin(), row.end());
+        for (float v : row) values.push_back(round_weights ? mb::round_to_bf16(v) : v);
       }
       return be.prepare_weight(src, DType::Q4_0);
     };
     std::vector<double> wg, wu, wv;
     const Tensor gate = make(m, wg), up = make(m, wu), v = make(m2, wv);
-    RowReport rep{"mmq bf16 against exact weights on bf16 x, k=" + std::to_string(k) + " m=" + std::to_string(m)};
+    RowReport rep{what + " on bf16 x, k=" + std::to_string(k) + " m=" + std::to_string(m)};
     for (int64_t n : {5, 17, 37, 64, 65, 128, 200}) {
       const auto x = randn(size_t(n * k), rng), mt = randn(size_t(n * m), rng);
       const Tensor xg = upload(be, {n, k}, x), mg = upload(be, {n, m}, mt);
@@ -1142,14 +1146,29 @@ TEST_F(CudaOps, Bf16ActivationBlockProductsAreExactWeightsOnBf16Rows) {
         for (int64_t r = 0; r < m2; ++r) rv.push_back(float(dot(wv, r)));
       }
       const std::string at = " n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m);
-      double worst = check("mmq bf16 matmuls #0" + at, ry, download(be, y), kTol, false);
-      worst = std::max(worst, check("mmq bf16 matmuls #1" + at, rv, download(be, yv), kTol, false));
-      worst = std::max(worst, check("mmq bf16 gelu_mul" + at, rg, download(be, glu), kTol, false));
-      worst = std::max(worst, check("mmq bf16 gelu_times" + at, rt, download(be, gt), kTol, false));
+      double worst = check(what + " matmuls #0" + at, ry, download(be, y), kTol, false);
+      worst = std::max(worst, check(what + " matmuls #1" + at, rv, download(be, yv), kTol, false));
+      worst = std::max(worst, check(what + " gelu_mul" + at, rg, download(be, glu), kTol, false));
+      worst = std::max(worst, check(what + " gelu_times" + at, rt, download(be, gt), kTol, false));
       rep.add(n, worst);
     }
     rep.print(kTol);
   });
+}
+
+// k_mmq_bf16 from 5 rows on (MARKBASE_CUDA_MMQ_BF16_FROM=4), at every row count.
+TEST_F(CudaOps, Bf16ActivationBlockProductsAreExactWeightsOnBf16Rows) {
+  check_bf16_row_products({{"MARKBASE_CUDA_MMQ_BF16_FROM", "4"}, {"MARKBASE_CUDA_MMQ_BF16_ROWS", "1024"},
+                           {"MARKBASE_CUDA_MMQ_WGMMA_ROWS", "0"}},
+                          false, "mmq bf16");
+}
+
+// k_mmq_wgmma from 5 rows on: its tiles of 64 rows (up to 64) and 128, 64 of them zeros at 5 rows and 56 at 200.
+TEST_F(CudaOps, WarpgroupBlockProductsAreBf16WeightsOnBf16Rows) {
+  if (mb::cuda_compute_capability() != 90) GTEST_SKIP() << "not an sm_90 GPU: no wgmma kernel";
+  check_bf16_row_products({{"MARKBASE_CUDA_MMQ_BF16_FROM", "4"}, {"MARKBASE_CUDA_MMQ_BF16_ROWS", "4"},
+                           {"MARKBASE_CUDA_MMQ_WGMMA_ROWS", "1024"}},
+                          true, "mmq wgmma");
 }
 
 // Many token-expert pairs go through per-expert tiles sorted on the device; each pair must get

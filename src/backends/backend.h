@@ -389,5 +389,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_backend(const std::string& device);
 // Whether make_backend("cuda") can succeed: built with CUDA and a GPU is visible.
 bool cuda_device_available();
+// The first GPU's compute capability as major * 10 + minor (90: H100, H200), 0 without one.
+int cuda_compute_capability();
 
 }  // namespace mb

@@ -14,6 +14,14 @@ bool cuda_device_available() {
 #endif
 }
 
+int cuda_compute_capability() {
+#ifdef MARKBASE_HAVE_CUDA
+  return cuda::compute_capability();
+#else
+  return 0;
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cuda") {

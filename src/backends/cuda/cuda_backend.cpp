@@ -199,6 +199,7 @@ class CudaBackend final : public Backend {
     mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", -1);
     mmq_bf16_from_ = env_int("MARKBASE_CUDA_MMQ_BF16_FROM", int(kMmqRowsBesideCopies));
     mmq_bf16_rows_ = env_int("MARKBASE_CUDA_MMQ_BF16_ROWS", int(kMmqBf16Rows));
+    mmq_wgmma_rows_ = env_int("MARKBASE_CUDA_MMQ_WGMMA_ROWS", int(kMmqWgmmaRows));
     frag_copies_ = env_int("MARKBASE_CUDA_FRAG_COPIES", 1) != 0;
     // Bisecting aids: 1 no GEMV kernels, 4 unfused norms, 8 attention key splits always.
     debug_ = env_int("MARKBASE_CUDA_DEBUG", 0);
@@ -1323,7 +1324,7 @@ class CudaBackend final : public Backend {
       frags = frags && w.frag;
     }
     return mmq_rows_ > 0 || !copies || (frags && n <= kMmqRowsBesideCopies) ||
-           use_mmq_bf16(gw.data(), int(gw.size()), n);
+           use_mmq_bf16(gw.data(), int(gw.size()), n) || use_mmq_wgmma(gw.data(), int(gw.size()), n);
   }
   // Q4_0 weights with fragment-ordered copies, more rows than the int8 kernel serves beside cuBLAS
   // and up to kMmqBf16Rows: the bf16-activation kernel (MARKBASE_CUDA_MMQ_BF16_FROM < n <=
@@ -1334,10 +1335,18 @@ class CudaBackend final : public Backend {
   bool use_mmq_bf16(const GpuWeight* ws, int nw, int64_t n) const {
     return n > mmq_bf16_from_ && n <= mmq_bf16_rows_ && !(debug_ & 1) && mmq_bf16_supports(ws, nw);
   }
+  // Past those rows, up to MARKBASE_CUDA_MMQ_WGMMA_ROWS (default kMmqWgmmaRows: none), the same weights on
+  // Hopper's warpgroup products (mmq_wgmma). Not yet the default: E4B Q4_0 on an H200 decoded 5,313 / 6,745
+  // tok/s at 64 / 128 streams on it against cuBLAS's 8,159 / 16,454 (docs/cuda.md).
+  static constexpr int64_t kMmqWgmmaRows = 0;
+  bool use_mmq_wgmma(const GpuWeight* ws, int nw, int64_t n) const {
+    return n > std::max(mmq_bf16_from_, mmq_bf16_rows_) && n <= mmq_wgmma_rows_ && !(debug_ & 1) &&
+           mmq_wgmma_ready() && mmq_bf16_supports(ws, nw);
+  }
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
     const int64_t n = x.rows(), k = x.cols(), rows = tiled_x_rows(n);
-    const bool bf16 = use_mmq_bf16(ws, nw, n);
+    const bool wgmma = use_mmq_wgmma(ws, nw, n), bf16 = wgmma || use_mmq_bf16(ws, nw, n);
     Tensor xb, q, d;  // the activations first: a copy that the kernel before wrote is taken before any other call
     if (bf16) {
       bf16_input(x, xb);
@@ -1346,13 +1355,15 @@ class CudaBackend final : public Backend {
       d = scratch(DType::F32, {rows * k / 32});
       tile_x(x.f32(), n, k, nullptr, 1, rows, q.ptr<int8_t>(), d.f32(), st_);
     }
-    const int64_t splits = mmq_splits(ws, nw, n);
+    const int64_t splits = mmq_splits(ws, nw, n, wgmma ? mmq_wgmma_groups(n) : 0);
     int64_t total = 0;
     for (int i = 0; i < nw; ++i) total += ws[i].rows;
     Tensor part;
     if (!mmq_direct(ws, nw, mode, splits)) part = scratch(DType::F32, {splits * n * total});
     float* p = part.empty() ? nullptr : part.f32();
-    if (bf16)
+    if (wgmma)
+      mmq_wgmma(ws, ys, nw, mode, m, xb.ptr<uint16_t>(), n, splits, p, st_);
+    else if (bf16)
       mmq_bf16(ws, ys, nw, mode, m, xb.ptr<uint16_t>(), n, splits, p, st_);
     else
       mmq(ws, ys, nw, mode, m, q.ptr<int8_t>(), d.f32(), n, splits, p, st_);
@@ -1542,6 +1553,7 @@ class CudaBackend final : public Backend {
   bool frag_copies_ = true;  // MARKBASE_CUDA_FRAG_COPIES=0: no fragment-ordered copies (the kernels read the planes)
   // MARKBASE_CUDA_MMQ_BF16_FROM/_ROWS: see use_mmq_bf16
   int mmq_bf16_from_ = int(kMmqRowsBesideCopies), mmq_bf16_rows_ = int(kMmqBf16Rows);
+  int mmq_wgmma_rows_ = int(kMmqWgmmaRows);
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
   bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output
@@ -1575,6 +1587,16 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+int compute_capability() {
+  int major = 0, minor = 0;
+  if (device_count() == 0 || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
 }
 
 std::unique_ptr<Backend> make_backend(int device) { return std::make_unique<CudaBackend>(device); }

@@ -9,6 +9,8 @@ namespace mb::cuda {
 
 // GPUs the CUDA runtime sees (0 when there is no driver or no GPU).
 int device_count();
+// The first GPU's compute capability as major * 10 + minor (90: Hopper), 0 without one.
+int compute_capability();
 // A backend on GPU `device`; a clear error when there is none or it cannot be used.
 std::unique_ptr<Backend> make_backend(int device);
 

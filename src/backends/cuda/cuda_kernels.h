@@ -89,7 +89,8 @@ void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, i
 // `splits` (mmq_splits) whose partial sums go to `part` [splits, n, Σ rows] and are added in a
 // second kernel (not where mmq_direct: part may be null then).
 enum class MmqMode : int { Plain = 0, Glu = 1, GeluTimes = 2 };
-int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n);
+// tile_groups: the kernel's groups of 8 rows a tile where not groups_per_tile's (mmq_wgmma_groups).
+int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n, int tile_groups = 0);
 // Whether the product kernel writes ys itself (one split; the GLU epilogue needs fragment-ordered weights).
 bool mmq_direct(const GpuWeight* ws, int nw, MmqMode mode, int64_t splits);
 void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const int8_t* xq,
@@ -100,6 +101,13 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
 bool mmq_bf16_supports(const GpuWeight* ws, int nw);
 void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
               int64_t n, int64_t splits, float* part, cudaStream_t st);
+// mmq_bf16's products on Hopper's warpgroup instructions (wgmma), for more rows: the weights rounded to
+// bf16 as they are unpacked (their bf16 copies' values), tiles of 8 mmq_wgmma_groups(n) rows, splits from
+// mmq_splits(..., mmq_wgmma_groups(n)). Only where mmq_wgmma_ready (an sm_90 GPU: the kernel is sm_90a's).
+bool mmq_wgmma_ready();
+int mmq_wgmma_groups(int64_t n);
+void mmq_wgmma(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
+               int64_t n, int64_t splits, float* part, cudaStream_t st);
 // Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles on the device, of
 // 8 * moe_tile_groups rows at most (up to 64, from the mean pairs an expert: a tile's sums live in
 // registers sized for its groups). moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1

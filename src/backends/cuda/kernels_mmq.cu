@@ -679,6 +679,211 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
     store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
 }
 
+// ---- Hopper's warpgroup products on bf16 activations (k_mmq_wgmma, sm_90a).
+//
+// Past ~48 rows k_mmq_bf16 is bound by its issue slots (mma.sync m16n8k16: a load, two mma and four
+// scalings a block of 32 and group of 8 rows, ~9.5 instructions an mma at 128 rows) and cuBLAS on the bf16
+// copies, which reads 3.5x the bytes, wins there. Here one warpgroup (the block's four warps) issues
+// wgmma.mma_async m64nNk16 (N = 64 or 128 activation rows: a tile) with its A operand in registers -
+// each warp's 16 weight rows, unpacked as in k_mmq_bf16 - and B, the staged activations, read by the
+// tensor cores from shared memory: a block of 32 is two instructions for the whole tile, none of its
+// per-row-group work in the warps. There is no per-block scaling after the products: the weights are
+// unpacked as bf16 of (n - 8) d, computed exactly in f32 and rounded to nearest-even once - the values
+// of their bf16 copies, what cuBLAS's path multiplies.
+//
+// K order: wgmma reads B in shared memory in k order, so A must be too: lane c of a lane group needs
+// elements (2c, 2c+1 | 8+2c, 9+2c) of a block for the first k16 and 16 more for the second, which lie in
+// the fragment-ordered words of lanes c / 2 and 2 + c / 2 (word c': bytes 4c'..4c'+3, low nibbles
+// elements 4c'.., high ones 16 + 4c'..): two shuffles a word and one byte permute give a word whose low
+// nibbles are the first k16's four elements and high nibbles the second's.
+constexpr int kWgPairs = 2, kWgChunk = 2 * kWgPairs;  // blocks of 32 a staged chunk
+template <int NJ>
+constexpr size_t wgmma_smem_bytes() {
+  return size_t(2) * NJ * 8 * kWgChunk * 64;  // two chunk buffers of 8 NJ rows
+}
+// A chunk buffer holds wgmma's canonical K-major layout without swizzling: core matrices of 8 rows x 8
+// k (16-byte rows, 128 bytes each), the tile's N / 8 of one k8 column together. Byte offset of (row, k):
+// (k / 8) * 16 N + (row / 8) * 128 + (row % 8) * 16 + (k % 8) * 2. So the descriptor's leading byte
+// offset (between core matrices along K) is 16 N and its stride byte offset (along N) 128.
+__device__ __forceinline__ uint64_t wgmma_desc(const char* s, int n_rows) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(s));
+  return uint64_t((a >> 4) & 0x3FFFu) | uint64_t(((16 * n_rows) >> 4) & 0x3FFF) << 16 | uint64_t(128 >> 4) << 32;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MB_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+// d[j][e] (column group j: element e is row 16 warp + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2)
+// += A (a warp's rows in mma.m16n8k16's A fragment) · B (desc); asynchronous until wgmma_wait.
+__device__ __forceinline__ void wgmma_bf16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+      : MB_ACC4(0), MB_ACC4(1), MB_ACC4(2), MB_ACC4(3), MB_ACC4(4), MB_ACC4(5), MB_ACC4(6), MB_ACC4(7)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_bf16(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
+      "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
+      "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+      : MB_ACC4(0), MB_ACC4(1), MB_ACC4(2), MB_ACC4(3), MB_ACC4(4), MB_ACC4(5), MB_ACC4(6), MB_ACC4(7),
+        MB_ACC4(8), MB_ACC4(9), MB_ACC4(10), MB_ACC4(11), MB_ACC4(12), MB_ACC4(13), MB_ACC4(14), MB_ACC4(15)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+#undef MB_ACC4
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// The accumulators are the asynchronous products' until the wait: no access may move across it.
+template <int NJ>
+__device__ __forceinline__ void wgmma_hold(float (&d)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+// Shared memory written by cp.async (the generic proxy) is read by wgmma through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
+// Lane c's k-ordered word of a block (see above) from the lane group's fragment-ordered words w.
+__device__ __forceinline__ uint32_t k_ordered(uint32_t w, int lane) {
+  const int src = (lane & ~3) | ((lane & 3) >> 1);
+  const uint32_t w1 = __shfl_sync(0xffffffffu, w, src), w2 = __shfl_sync(0xffffffffu, w, src + 2);
+  return __byte_perm(w1, w2, lane & 1 ? 0x7632 : 0x5410);
+}
+// A k-ordered word of one row as bf16 pairs of (n - 8) d: {0: first k16's elements 0-1, 1: its 2-3,
+// 2: second k16's 0-1, 3: its 2-3}. A nibble n at bits 19-22 of 1.0f is 1 + n / 16, and 16 d times
+// that less 24 d is (n - 8) d: exact in the fma (15 significant bits at most), rounded to bf16 once.
+__device__ __forceinline__ void nibbles_scaled_bf16(uint32_t v, float d, uint32_t (&o)[4]) {
+  const uint32_t lo = ((v << 3) & 0x78787878u) | 0x80808080u, hi = ((v >> 1) & 0x78787878u) | 0x80808080u;
+  const float m = 16.f * d, b = -24.f * d;
+  auto val = [&](uint32_t bytes, int i) {
+    return fmaf(__uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7054u | (uint32_t(i) << 8))), m, b);
+  };
+  auto pack = [](float x0, float x1) {  // x0 in the low half
+    uint32_t p;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(x1), "f"(x0));
+    return p;
+  };
+  o[0] = pack(val(lo, 0), val(lo, 1));
+  o[1] = pack(val(lo, 2), val(lo, 3));
+  o[2] = pack(val(hi, 0), val(hi, 1));
+  o[3] = pack(val(hi, 2), val(hi, 3));
+}
+
+// A thread's share of staging a chunk: 16-byte pieces (8 k) of rows 8 i + t % 8 at k8 column t / 8, so
+// that 8 threads in a row fill one 128-byte core matrix.
+struct WgStage {
+  const uint16_t* x;  // row t % 8's piece at block 0 of K
+  int64_t step;       // 8 rows, in elements
+  int so;             // that piece's offset in a chunk buffer, bytes
+  int rows;           // of the thread's NJ rows, those that exist
+};
+__device__ __forceinline__ WgStage wg_stage(const Args& a, int64_t g0, int n_rows) {
+  WgStage t;
+  const int r = int(threadIdx.x) % 8, k8 = int(threadIdx.x) / 8;
+  const int64_t first = g0 * 8 + r, ld = a.nkb * 32;
+  t.x = a.xb + first * ld + k8 * 8;
+  t.step = 8 * ld;
+  t.so = k8 * 16 * n_rows + r * 16;
+  t.rows = first < a.n ? int((a.n - first + 7) / 8) : 0;
+  return t;
+}
+// Blocks [kb, kb + kc) of the tile's rows into a chunk buffer; zeros for rows past the activations' and
+// for the blocks of a last, partial chunk past kc (whose products run all the same: a branch around a
+// wgmma makes the compiler serialize them all).
+template <int NJ>
+__device__ __forceinline__ void stage_wg(const Args& a, const WgStage& t, char* s, int64_t kb, int kc) {
+  static_assert(kWgChunk * 4 * 8 == kWarps * 32, "a thread a k8 column and row of 8");
+  const int rows = int(threadIdx.x) / 8 < kc * 4 ? t.rows : 0;
+#pragma unroll
+  for (int i = 0; i < NJ; ++i) {
+    const bool in = i < rows;
+    cp_async16_or_zeros(s + t.so + i * 128, in ? t.x + i * t.step + kb * 32 : a.xb, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+// k_mmq_bf16's grid, weight loads and epilogues, one warpgroup a block on a tile of 8 NJ activation rows.
+template <int NJ>
+__global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) char smem[];
+  constexpr WType T = WType::Q4_0;
+  constexpr int kRows = 8 * NJ, kBufBytes = kRows * kWgChunk * 64;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
+  const WarpSpan sp = warp_span(a, warp);
+  const int wi = sp.wi;
+  const GpuWeight& w0 = pick_w(a, wi);
+  const int64_t nkp = sp.nkp, kb0 = sp.kb0, kb1 = sp.kb1, kp1 = sp.kp1;
+  const int64_t tile16 = (sp.wrow + warp * 16) / 16;
+  PairFrag<T> cur[kWgPairs];
+  auto load_chunk = [&](PairFrag<T>(&f)[kWgPairs], int64_t kp) {
+#pragma unroll
+    for (int u = 0; u < kWgPairs; ++u)
+      if (kp + u < kp1) f[u] = load_pair<T>(pick_w(a, wi), tile16, nkp, kp + u, lane);
+  };
+  if (w0.fixed) load_chunk(cur, kb0 / 2);
+  pdl_begin();
+  if (!w0.fixed) load_chunk(cur, kb0 / 2);
+  const int64_t g0 = int64_t(blockIdx.y) * NJ;
+  const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  float acc[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const WgStage stage = wg_stage(a, g0, kRows);
+  auto chunk_blocks = [&](int64_t kb) { return int(kb1 - kb < kWgChunk ? kb1 - kb : kWgChunk); };
+  if (kb0 < kb1) stage_wg<NJ>(a, stage, smem, kb0, chunk_blocks(kb0));
+  int buf = 0;
+  for (int64_t kb = kb0; kb < kb1; kb += kWgChunk, buf ^= 1) {
+    const int kc = chunk_blocks(kb);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    // The other buffer's last reader, the chunk before's products, was waited for.
+    if (kb + kWgChunk < kb1) stage_wg<NJ>(a, stage, smem + (buf ^ 1) * kBufBytes, kb + kWgChunk, chunk_blocks(kb + kWgChunk));
+    PairFrag<T> nxt[kWgPairs];
+    load_chunk(nxt, (kb + kWgChunk) / 2);
+    uint32_t af[kWgChunk][2][4];  // [block][k16] A fragments
+#pragma unroll
+    for (int u = 0; u < kWgPairs; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t ra[4], rb[4];
+        const uint32_t s = h ? cur[u].s.y : cur[u].s.x;
+        nibbles_scaled_bf16(k_ordered(h ? cur[u].q[0].z : cur[u].q[0].x, lane), half_f32(uint16_t(s & 0xffffu)), ra);
+        nibbles_scaled_bf16(k_ordered(h ? cur[u].q[0].w : cur[u].q[0].y, lane), half_f32(uint16_t(s >> 16)), rb);
+        // A block past the chunk's is zeros against zeros (cur's registers there may hold anything).
+        const uint32_t keep = 2 * u + h < kc ? ~0u : 0u;
+        uint32_t(&lo)[4] = af[2 * u + h][0];
+        uint32_t(&hi)[4] = af[2 * u + h][1];
+        lo[0] = ra[0] & keep, lo[1] = rb[0] & keep, lo[2] = ra[1] & keep, lo[3] = rb[1] & keep;
+        hi[0] = ra[2] & keep, hi[1] = rb[2] & keep, hi[2] = ra[3] & keep, hi[3] = rb[3] & keep;
+      }
+    const char* xs = smem + buf * kBufBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 2 * kWgChunk; ++s) wgmma_bf16(acc, af[s / 2][s % 2], wgmma_desc(xs + s * 32 * kRows, kRows));
+    wgmma_commit();
+    wgmma_wait_all();
+    wgmma_hold<NJ>(acc);
+#pragma unroll
+    for (int u = 0; u < kWgPairs; ++u) cur[u] = nxt[u];
+  }
+  __syncthreads();  // store_glu's shared memory is the staging buffers
+  if (a.glu)
+    store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
+  else
+    store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+#endif
+}
+
 // Weight w's planes into the fragment order above: one thread a lane run.
 template <WType T>
 __global__ void k_make_frag(GpuWeight w, uint4* frag, uint2* frag_scale) {
@@ -864,10 +1069,10 @@ void tile_x(const float* x, int64_t n, int64_t k, const int32_t* src, int div, i
   check_launch("tile activations");
 }
 
-int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n) {
+int64_t mmq_splits(const GpuWeight* ws, int nw, int64_t n, int tile_groups) {
   int64_t rows = 0;
   for (int i = 0; i < nw; ++i) rows += ws[i].rows;
-  const int64_t groups = (n + 7) / 8, nj = groups_per_tile(groups);
+  const int64_t groups = (n + 7) / 8, nj = tile_groups > 0 ? tile_groups : groups_per_tile(groups);
   const int64_t blocks = rows / kTileRows * ((groups + nj - 1) / nj);
   const int64_t nb = ws[0].cols / 32;
   // Enough blocks for two a multiprocessor; each split at least 8 blocks of 32.
@@ -922,7 +1127,45 @@ void launch_bf16(const Args& a, dim3 grid, cudaStream_t st) {
   launch_kernel(k_mmq_bf16<NJ>, grid, kWarps * 32, smem, st, a);
 }
 
+template <int NJ>
+void launch_wgmma(const Args& a, dim3 grid, cudaStream_t st) {
+  constexpr size_t smem = wgmma_smem_bytes<NJ>();
+  static const bool sized =
+      cudaFuncSetAttribute(k_mmq_wgmma<NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+  (void)sized;
+  launch_kernel(k_mmq_wgmma<NJ>, grid, kWarps * 32, smem, st, a);
+}
+
 }  // namespace
+
+bool mmq_wgmma_ready() {
+  // The kernel's machine code is sm_90a's (wgmma); another GPU would run the PTX of compute_90, where it is empty.
+  static const bool ready = [] {
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return ready;
+}
+int mmq_wgmma_groups(int64_t n) { return n <= 64 ? 8 : 16; }
+
+void mmq_wgmma(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
+               int64_t n, int64_t splits, float* part, cudaStream_t st) {
+  if (n == 0) return;
+  const bool direct = mmq_direct(ws, nw, mode, splits);
+  Args a = mmq_args(ws, ys, nw, mode, m, n, splits, part, direct);
+  a.xb = xb;
+  const int nj = mmq_wgmma_groups(n);
+  const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
+  if (nj == 8)
+    launch_wgmma<8>(a, grid, st);
+  else
+    launch_wgmma<16>(a, grid, st);
+  check_launch("mmq wgmma");
+  if (!direct) mmq_reduce(a, mode, m, splits, st);
+}
 
 bool mmq_bf16_supports(const GpuWeight* ws, int nw) {
   for (int i = 0; i < nw; ++i)
