@@ -181,6 +181,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device), "reading the GPU's properties");
     gpu_name_ = prop.name;
+    sm90_ = prop.major == 9 && prop.minor == 0;
     MB_CHECK(prop.major >= 9, "device 'cuda': {} has compute capability {}.{}; this build's kernels are for 9.0 "
              "(Hopper: H100, H200) or newer",
              gpu_name_, prop.major, prop.minor);
@@ -1336,12 +1337,12 @@ class CudaBackend final : public Backend {
     return n > mmq_bf16_from_ && n <= mmq_bf16_rows_ && !(debug_ & 1) && mmq_bf16_supports(ws, nw);
   }
   // Past those rows, up to MARKBASE_CUDA_MMQ_WGMMA_ROWS (default kMmqWgmmaRows: none), the same weights on
-  // Hopper's warpgroup products (mmq_wgmma). Not yet the default: E4B Q4_0 on an H200 decoded 5,313 / 6,745
-  // tok/s at 64 / 128 streams on it against cuBLAS's 8,159 / 16,454 (docs/cuda.md).
+  // Hopper's warpgroup products (mmq_bf16's warpgroup kernel). Not yet the default: E4B Q4_0 on an H200 decoded
+  // 5,313 / 6,745 tok/s at 64 / 128 streams on it against cuBLAS's 8,159 / 16,454 (docs/cuda.md).
   static constexpr int64_t kMmqWgmmaRows = 0;
   bool use_mmq_wgmma(const GpuWeight* ws, int nw, int64_t n) const {
     return n > std::max(mmq_bf16_from_, mmq_bf16_rows_) && n <= mmq_wgmma_rows_ && !(debug_ & 1) &&
-           mmq_wgmma_ready() && mmq_bf16_supports(ws, nw);
+           sm90_ && mmq_bf16_supports(ws, nw);
   }
 
   void mmq_batch(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const Tensor& x) {
@@ -1361,10 +1362,8 @@ class CudaBackend final : public Backend {
     Tensor part;
     if (!mmq_direct(ws, nw, mode, splits)) part = scratch(DType::F32, {splits * n * total});
     float* p = part.empty() ? nullptr : part.f32();
-    if (wgmma)
-      mmq_wgmma(ws, ys, nw, mode, m, xb.ptr<uint16_t>(), n, splits, p, st_);
-    else if (bf16)
-      mmq_bf16(ws, ys, nw, mode, m, xb.ptr<uint16_t>(), n, splits, p, st_);
+    if (bf16)
+      mmq_bf16(ws, ys, nw, mode, m, xb.ptr<uint16_t>(), n, splits, p, wgmma, st_);
     else
       mmq(ws, ys, nw, mode, m, q.ptr<int8_t>(), d.f32(), n, splits, p, st_);
   }
@@ -1535,6 +1534,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  bool sm90_ = false;  // compute capability 9.0: the warpgroup kernels' sm_90a machine code runs
   std::string gpu_name_;
   std::unique_ptr<Backend> cpu_;
   std::shared_ptr<ScratchPool> pool_;

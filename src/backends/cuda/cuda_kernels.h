@@ -97,17 +97,13 @@ void mmq(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const floa
          const float* xd, int64_t n, int64_t splits, float* part, cudaStream_t st);
 // mmq's products (same modes, splits and direct writes) on bf16 activation rows xb [n, k], where every
 // weight is Q4_0 with its fragment-ordered copy (mmq_bf16_supports): exact weights against bf16
-// activations, no quantization of x.
+// activations, no quantization of x. warpgroup: on Hopper's warpgroup instructions (wgmma; an sm_90 GPU
+// only, the kernel is sm_90a's), for more rows: the weights rounded to bf16 as they are unpacked (their
+// bf16 copies' values), tiles of 8 mmq_wgmma_groups(n) rows, splits from mmq_splits(..., mmq_wgmma_groups(n)).
 bool mmq_bf16_supports(const GpuWeight* ws, int nw);
-void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
-              int64_t n, int64_t splits, float* part, cudaStream_t st);
-// mmq_bf16's products on Hopper's warpgroup instructions (wgmma), for more rows: the weights rounded to
-// bf16 as they are unpacked (their bf16 copies' values), tiles of 8 mmq_wgmma_groups(n) rows, splits from
-// mmq_splits(..., mmq_wgmma_groups(n)). Only where mmq_wgmma_ready (an sm_90 GPU: the kernel is sm_90a's).
-bool mmq_wgmma_ready();
 int mmq_wgmma_groups(int64_t n);
-void mmq_wgmma(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
-               int64_t n, int64_t splits, float* part, cudaStream_t st);
+void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
+              int64_t n, int64_t splits, float* part, bool warpgroup, cudaStream_t st);
 // Experts: pairs p (token p / k, expert experts[p]) sorted into per-expert tiles on the device, of
 // 8 * moe_tile_groups rows at most (up to 64, from the mean pairs an expert: a tile's sums live in
 // registers sized for its groups). moe_tiles writes row_pair [moe_tiled_rows] (tiled row -> pair, -1

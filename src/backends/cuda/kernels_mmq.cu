@@ -303,6 +303,12 @@ __device__ __forceinline__ bool block_groups(const Args& a, int64_t& wrow, int64
   return true;
 }
 
+template <int NJ>
+__device__ __forceinline__ void zero_acc(float (&acc)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+}
+
 // grid: (rows / 64, token tiles (dense) or the most tiles the experts can have, K splits). The
 // activations of a chunk of blocks are copied to shared memory (cp.async, the next chunk's
 // while this one's products run): read from global memory, each block's B fragments were a
@@ -324,8 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq(Args a) {
   const int64_t ra = wrow + warp * 16 + gr, rb = ra + 8;
   const int64_t kb0 = int64_t(blockIdx.z) * a.kb_per_split, kb1 = min(nb, kb0 + a.kb_per_split);
   float acc[NJ][4];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  zero_acc<NJ>(acc);
   auto stage = [&](int buf, int64_t kb) { stage_x<kChunk>(a, sq[buf], sd[buf], g0, ng, kb, kb1); };
   if (kb0 < kb1) stage(0, kb0);
   int buf = 0;
@@ -463,8 +468,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_frag(Args a) {
   const int64_t tile16 = (wrow + warp * 16) / 16;
   if (!early) load_chunk(cur, tile16, kb0 / 2);
   float acc[NJ][4];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  zero_acc<NJ>(acc);
   auto stage = [&](int buf, int64_t kb) { stage_x<kCh>(a, sq[buf], sd[buf], g0, ng, kb, kb1); };
   if (kb0 < kb1) stage(0, kb0);
   int buf = 0;
@@ -616,6 +620,32 @@ __device__ __forceinline__ void mma_bf16_groups(float (&acc)[NJ][4], const uint3
   }
 }
 
+// A warp's fragment-ordered Q4_0 weights in a dense product on bf16 activations (k_mmq_bf16, k_mmq_wgmma), loaded
+// kPairs pairs of blocks at a time; start_dense_q4 loads the first chunk before the wait on the kernel before
+// where the weights are loaded ones (fixed), after it where a kernel writes them.
+template <int kPairs>
+struct DenseQ4 {
+  WarpSpan sp;
+  int64_t tile16;  // the warp's 16 rows
+  __device__ __forceinline__ void load(const Args& a, PairFrag<WType::Q4_0> (&f)[kPairs], int64_t kp, int lane) const {
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u)
+      if (kp + u < sp.kp1) f[u] = load_pair<WType::Q4_0>(pick_w(a, sp.wi), tile16, sp.nkp, kp + u, lane);
+  }
+};
+template <int kPairs>
+__device__ __forceinline__ DenseQ4<kPairs> start_dense_q4(const Args& a, int warp, int lane,
+                                                         PairFrag<WType::Q4_0> (&first)[kPairs]) {
+  DenseQ4<kPairs> w;
+  w.sp = warp_span(a, warp);
+  w.tile16 = (w.sp.wrow + warp * 16) / 16;
+  const bool fixed = pick_w(a, w.sp.wi).fixed;
+  if (fixed) w.load(a, first, w.sp.kb0 / 2, lane);
+  pdl_begin();
+  if (!fixed) w.load(a, first, w.sp.kb0 / 2, lane);
+  return w;
+}
+
 // k_mmq_frag's grid, weight loads and epilogues (Q4_0, dense products), the activations as bf16.
 template <int NJ>
 __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
@@ -623,26 +653,14 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
   constexpr WType T = WType::Q4_0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, c = lane % 4;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
-  const WarpSpan sp = warp_span(a, warp);
-  const int wi = sp.wi;
-  const GpuWeight& w0 = pick_w(a, wi);
-  const int64_t nkp = sp.nkp, kb0 = sp.kb0, kb1 = sp.kb1, kp1 = sp.kp1;
-  const int64_t tile16 = (sp.wrow + warp * 16) / 16;
   PairFrag<T> cur[kBfPairs];
-  auto load_chunk = [&](PairFrag<T>(&f)[kBfPairs], int64_t kp) {
-#pragma unroll
-    for (int u = 0; u < kBfPairs; ++u)
-      if (kp + u < kp1) f[u] = load_pair<T>(pick_w(a, wi), tile16, nkp, kp + u, lane);
-  };
-  if (w0.fixed) load_chunk(cur, kb0 / 2);
-  pdl_begin();
-  if (!w0.fixed) load_chunk(cur, kb0 / 2);
+  const DenseQ4<kBfPairs> wq = start_dense_q4<kBfPairs>(a, warp, lane, cur);
+  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1;
   const int64_t g0 = int64_t(blockIdx.y) * NJ;
   const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
   constexpr int kBufBytes = NJ * 8 * kBfRowBytes;
   float acc[NJ][4];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  zero_acc<NJ>(acc);
   const BfStage stage = bf_stage(a, g0);
   auto chunk_blocks = [&](int64_t kb) { return int(kb1 - kb < kBfChunk ? kb1 - kb : kBfChunk); };
   if (kb0 < kb1) stage_bf16<NJ>(a, stage, smem, kb0, chunk_blocks(kb0));
@@ -650,7 +668,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
   for (int64_t kb = kb0; kb < kb1; kb += kBfChunk, buf ^= 1) {
     const int kc = chunk_blocks(kb);
     PairFrag<T> nxt[kBfPairs];
-    load_chunk(nxt, (kb + kBfChunk) / 2);
+    wq.load(a, nxt, (kb + kBfChunk) / 2, lane);
     if (kb + kBfChunk < kb1) {
       stage_bf16<NJ>(a, stage, smem + (buf ^ 1) * kBufBytes, kb + kBfChunk, chunk_blocks(kb + kBfChunk));
       cp_async_wait<1>();
@@ -676,7 +694,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
   if (a.glu)
     store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
   else
-    store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+    store_tile<NJ>(a, acc, tile_row, wq.sp.wi, g0, ng, warp, lane);
 }
 
 // ---- Hopper's warpgroup products on bf16 activations (k_mmq_wgmma, sm_90a).
@@ -818,25 +836,13 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
   constexpr int kRows = 8 * NJ, kBufBytes = kRows * kWgChunk * 64;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
-  const WarpSpan sp = warp_span(a, warp);
-  const int wi = sp.wi;
-  const GpuWeight& w0 = pick_w(a, wi);
-  const int64_t nkp = sp.nkp, kb0 = sp.kb0, kb1 = sp.kb1, kp1 = sp.kp1;
-  const int64_t tile16 = (sp.wrow + warp * 16) / 16;
   PairFrag<T> cur[kWgPairs];
-  auto load_chunk = [&](PairFrag<T>(&f)[kWgPairs], int64_t kp) {
-#pragma unroll
-    for (int u = 0; u < kWgPairs; ++u)
-      if (kp + u < kp1) f[u] = load_pair<T>(pick_w(a, wi), tile16, nkp, kp + u, lane);
-  };
-  if (w0.fixed) load_chunk(cur, kb0 / 2);
-  pdl_begin();
-  if (!w0.fixed) load_chunk(cur, kb0 / 2);
+  const DenseQ4<kWgPairs> wq = start_dense_q4<kWgPairs>(a, warp, lane, cur);
+  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1;
   const int64_t g0 = int64_t(blockIdx.y) * NJ;
   const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
   float acc[NJ][4];
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  zero_acc<NJ>(acc);
   const WgStage stage = wg_stage(a, g0, kRows);
   auto chunk_blocks = [&](int64_t kb) { return int(kb1 - kb < kWgChunk ? kb1 - kb : kWgChunk); };
   if (kb0 < kb1) stage_wg<NJ>(a, stage, smem, kb0, chunk_blocks(kb0));
@@ -849,7 +855,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
     // The other buffer's last reader, the chunk before's products, was waited for.
     if (kb + kWgChunk < kb1) stage_wg<NJ>(a, stage, smem + (buf ^ 1) * kBufBytes, kb + kWgChunk, chunk_blocks(kb + kWgChunk));
     PairFrag<T> nxt[kWgPairs];
-    load_chunk(nxt, (kb + kWgChunk) / 2);
+    wq.load(a, nxt, (kb + kWgChunk) / 2, lane);
     uint32_t af[kWgChunk][2][4];  // [block][k16] A fragments
 #pragma unroll
     for (int u = 0; u < kWgPairs; ++u)
@@ -880,7 +886,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
   if (a.glu)
     store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
   else
-    store_tile<NJ>(a, acc, tile_row, wi, g0, ng, warp, lane);
+    store_tile<NJ>(a, acc, tile_row, wq.sp.wi, g0, ng, warp, lane);
 #endif
 }
 
@@ -1138,34 +1144,7 @@ void launch_wgmma(const Args& a, dim3 grid, cudaStream_t st) {
 
 }  // namespace
 
-bool mmq_wgmma_ready() {
-  // The kernel's machine code is sm_90a's (wgmma); another GPU would run the PTX of compute_90, where it is empty.
-  static const bool ready = [] {
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;
-  }();
-  return ready;
-}
 int mmq_wgmma_groups(int64_t n) { return n <= 64 ? 8 : 16; }
-
-void mmq_wgmma(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
-               int64_t n, int64_t splits, float* part, cudaStream_t st) {
-  if (n == 0) return;
-  const bool direct = mmq_direct(ws, nw, mode, splits);
-  Args a = mmq_args(ws, ys, nw, mode, m, n, splits, part, direct);
-  a.xb = xb;
-  const int nj = mmq_wgmma_groups(n);
-  const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
-  if (nj == 8)
-    launch_wgmma<8>(a, grid, st);
-  else
-    launch_wgmma<16>(a, grid, st);
-  check_launch("mmq wgmma");
-  if (!direct) mmq_reduce(a, mode, m, splits, st);
-}
 
 bool mmq_bf16_supports(const GpuWeight* ws, int nw) {
   for (int i = 0; i < nw; ++i)
@@ -1174,15 +1153,20 @@ bool mmq_bf16_supports(const GpuWeight* ws, int nw) {
 }
 
 void mmq_bf16(const GpuWeight* ws, float* const* ys, int nw, MmqMode mode, const float* m, const uint16_t* xb,
-              int64_t n, int64_t splits, float* part, cudaStream_t st) {
+              int64_t n, int64_t splits, float* part, bool warpgroup, cudaStream_t st) {
   if (n == 0) return;
   const bool direct = mmq_direct(ws, nw, mode, splits);
   Args a = mmq_args(ws, ys, nw, mode, m, n, splits, part, direct);
   a.xb = xb;
-  const int nj = groups_per_tile(a.groups);
+  const int nj = warpgroup ? mmq_wgmma_groups(n) : groups_per_tile(a.groups);
   const dim3 grid(unsigned(a.rows / kTileRows), unsigned((a.groups + nj - 1) / nj), unsigned(splits));
-  with_groups(nj, [&](auto g) { launch_bf16<decltype(g)::value>(a, grid, st); });
-  check_launch("mmq bf16");
+  if (!warpgroup)
+    with_groups(nj, [&](auto g) { launch_bf16<decltype(g)::value>(a, grid, st); });
+  else if (nj == 8)
+    launch_wgmma<8>(a, grid, st);
+  else
+    launch_wgmma<16>(a, grid, st);
+  check_launch(warpgroup ? "mmq wgmma" : "mmq bf16");
   if (!direct) mmq_reduce(a, mode, m, splits, st);
 }
 
