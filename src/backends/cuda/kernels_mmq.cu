@@ -285,9 +285,16 @@ __device__ __forceinline__ WarpSpan warp_span(const Args& a, int warp) {
   return sp;
 }
 
+// A dense product's block: the first of its groups of 8 activation rows (those of blockIdx.y) and how many
+// there are.
+template <int NJ>
+__device__ __forceinline__ void dense_groups(const Args& a, int64_t& g0, int& ng) {
+  g0 = int64_t(blockIdx.y) * NJ;
+  ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+}
 // The activation groups of the block (read after the wait: experts' tiles are made on the device):
 // experts - its tile's (expert, first row, rows), which also moves wrow into the expert's rows
-// (false: no tile for this block); dense - the groups of blockIdx.y.
+// (false: no tile for this block); dense - dense_groups.
 template <int NJ>
 __device__ __forceinline__ bool block_groups(const Args& a, int64_t& wrow, int64_t& g0, int& ng) {
   if (a.tiles) {
@@ -297,8 +304,7 @@ __device__ __forceinline__ bool block_groups(const Args& a, int64_t& wrow, int64
     g0 = t.y / 8;
     ng = (t.z + 7) / 8;
   } else {
-    g0 = int64_t(blockIdx.y) * NJ;
-    ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+    dense_groups<NJ>(a, g0, ng);
   }
   return true;
 }
@@ -621,22 +627,26 @@ __device__ __forceinline__ void mma_bf16_groups(float (&acc)[NJ][4], const uint3
 }
 
 // A warp's fragment-ordered Q4_0 weights in a dense product on bf16 activations (k_mmq_bf16, k_mmq_wgmma), loaded
-// kPairs pairs of blocks at a time; start_dense_q4 loads the first chunk before the wait on the kernel before
-// where the weights are loaded ones (fixed), after it where a kernel writes them.
+// kPairs pairs of blocks at a time, and its block's activation groups (dense_groups); start_dense_q4 loads the
+// first chunk before the wait on the kernel before where the weights are loaded ones (fixed), after it where a
+// kernel writes them.
 template <int kPairs>
 struct DenseQ4 {
   WarpSpan sp;
   int64_t tile16;  // the warp's 16 rows
+  int64_t g0;
+  int ng;
   __device__ __forceinline__ void load(const Args& a, PairFrag<WType::Q4_0> (&f)[kPairs], int64_t kp, int lane) const {
 #pragma unroll
     for (int u = 0; u < kPairs; ++u)
       if (kp + u < sp.kp1) f[u] = load_pair<WType::Q4_0>(pick_w(a, sp.wi), tile16, sp.nkp, kp + u, lane);
   }
 };
-template <int kPairs>
+template <int kPairs, int NJ>
 __device__ __forceinline__ DenseQ4<kPairs> start_dense_q4(const Args& a, int warp, int lane,
                                                          PairFrag<WType::Q4_0> (&first)[kPairs]) {
   DenseQ4<kPairs> w;
+  dense_groups<NJ>(a, w.g0, w.ng);
   w.sp = warp_span(a, warp);
   w.tile16 = (w.sp.wrow + warp * 16) / 16;
   const bool fixed = pick_w(a, w.sp.wi).fixed;
@@ -652,12 +662,10 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
   extern __shared__ __align__(16) char smem[];
   constexpr WType T = WType::Q4_0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, c = lane % 4;
-  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
   PairFrag<T> cur[kBfPairs];
-  const DenseQ4<kBfPairs> wq = start_dense_q4<kBfPairs>(a, warp, lane, cur);
-  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1;
-  const int64_t g0 = int64_t(blockIdx.y) * NJ;
-  const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  const DenseQ4<kBfPairs> wq = start_dense_q4<kBfPairs, NJ>(a, warp, lane, cur);
+  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1, g0 = wq.g0;
+  const int ng = wq.ng;
   constexpr int kBufBytes = NJ * 8 * kBfRowBytes;
   float acc[NJ][4];
   zero_acc<NJ>(acc);
@@ -694,7 +702,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_bf16(Args a) {
   if (a.glu)
     store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
   else
-    store_tile<NJ>(a, acc, tile_row, wq.sp.wi, g0, ng, warp, lane);
+    store_tile<NJ>(a, acc, int64_t(blockIdx.x) * kTileRows, wq.sp.wi, g0, ng, warp, lane);
 }
 
 // ---- Hopper's warpgroup products on bf16 activations (k_mmq_wgmma, sm_90a).
@@ -835,12 +843,10 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
   constexpr WType T = WType::Q4_0;
   constexpr int kRows = 8 * NJ, kBufBytes = kRows * kWgChunk * 64;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t tile_row = int64_t(blockIdx.x) * kTileRows;
   PairFrag<T> cur[kWgPairs];
-  const DenseQ4<kWgPairs> wq = start_dense_q4<kWgPairs>(a, warp, lane, cur);
-  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1;
-  const int64_t g0 = int64_t(blockIdx.y) * NJ;
-  const int ng = int(a.groups - g0 < NJ ? a.groups - g0 : NJ);
+  const DenseQ4<kWgPairs> wq = start_dense_q4<kWgPairs, NJ>(a, warp, lane, cur);
+  const int64_t kb0 = wq.sp.kb0, kb1 = wq.sp.kb1, g0 = wq.g0;
+  const int ng = wq.ng;
   float acc[NJ][4];
   zero_acc<NJ>(acc);
   const WgStage stage = wg_stage(a, g0, kRows);
@@ -886,7 +892,7 @@ __global__ void __launch_bounds__(kWarps * 32) k_mmq_wgmma(Args a) {
   if (a.glu)
     store_glu<NJ>(a, acc, reinterpret_cast<float*>(smem), g0, ng, warp, lane);
   else
-    store_tile<NJ>(a, acc, tile_row, wq.sp.wi, g0, ng, warp, lane);
+    store_tile<NJ>(a, acc, int64_t(blockIdx.x) * kTileRows, wq.sp.wi, g0, ng, warp, lane);
 #endif
 }
 
