@@ -78,6 +78,7 @@ if [ -n "$archive" ]; then
     excludes+=("--exclude=llama.cpp/ggml/src/ggml-$b")
   done
   echo "${commit:-unknown}" >"$src/PEER_COMMIT"
+  mkdir -p "$(dirname "$archive")"
   tar -C "$(dirname "$src")" -cJf "$archive" "${excludes[@]}" --transform 's,^[^/]*,llama.cpp,' "$(basename "$src")"
   ls -l "$archive"
   exit 0
