@@ -677,9 +677,14 @@ AttnPlan attention_plan(const AttnArgs& a) {
   // set the time. Prefill rows fill the GPU alone (one split, no merge).
   // (Longer splits, fewer of them, were slower on E4B Q4_0 tg128 after 512 tokens: 359 tok/s at
   // 32 keys, 341 at 64, 301 at 128, 240 at 256 - one split, no merge.)
+  // Where one split's blocks already cover every SM (E4B's 128 decode rows: 256 blocks), more splits
+  // only add the merge: as few as 512 keys a split allow (E4B Q4_0 at 128 streams after 128-token
+  // prompts on an H100: 14,326 -> 15,525 tok/s; docs/cuda.md).
+  constexpr int64_t kSms = 132;
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
-  const int64_t fill = (attention_waves() * 132 + base - 1) / (base > 0 ? base : 1);
-  int64_t s = std::max((a.max_keys + 511) / 512, std::min(fill, (a.max_keys + 31) / 32));
+  const int64_t fill = (attention_waves() * kSms + base - 1) / (base > 0 ? base : 1);
+  const int64_t least = (a.max_keys + 511) / 512;
+  int64_t s = base >= kSms ? least : std::max(least, std::min(fill, (a.max_keys + 31) / 32));
   s = s < 1 ? 1 : s > 32 ? 32 : s;
   AttnPlan p;
   p.S = int(s);
