@@ -56,6 +56,8 @@ extern std::atomic<uint64_t> g_device_calls;
 // GEMV grids hold at most this many times the blocks the GPU keeps resident, their warps looping
 // over rows (MARKBASE_CUDA_GEMV_WAVES, default 2: E4B Q4_0 tg128 +2% over 0, a block per 8 rows).
 int gemv_resident_waves();
+// The current GPU's multiprocessors (asked once).
+int sm_count();
 // Waves of blocks (a block a multiprocessor each) that decode attention's key splits aim for
 // (MARKBASE_CUDA_ATTN_WAVES, default 2).
 int attention_waves();

@@ -680,11 +680,11 @@ AttnPlan attention_plan(const AttnArgs& a) {
   // Where one split's blocks already cover every SM (E4B's 128 decode rows: 256 blocks), more splits
   // only add the merge: as few as 512 keys a split allow (E4B Q4_0 at 128 streams after 128-token
   // prompts on an H100: 14,326 -> 15,525 tok/s; docs/cuda.md).
-  constexpr int64_t kSms = 132;
+  const int64_t sms = sm_count();
   const int64_t base = a.n_rows * (a.n_heads / heads_per_block(a));
-  const int64_t fill = (attention_waves() * kSms + base - 1) / (base > 0 ? base : 1);
+  const int64_t fill = (attention_waves() * sms + base - 1) / (base > 0 ? base : 1);
   const int64_t least = (a.max_keys + 511) / 512;
-  int64_t s = base >= kSms ? least : std::max(least, std::min(fill, (a.max_keys + 31) / 32));
+  int64_t s = base >= sms ? least : std::max(least, std::min(fill, (a.max_keys + 31) / 32));
   s = s < 1 ? 1 : s > 32 ? 32 : s;
   AttnPlan p;
   p.S = int(s);

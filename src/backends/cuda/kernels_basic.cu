@@ -671,16 +671,26 @@ void split_blocks(const void* raw, int64_t nblocks, int block_bytes, int qs_byte
   check_launch("repack weight blocks");
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    return std::max(sms, 1);
+  }();
+  return n;
+}
+
 double copy_seconds(const void* src, void* dst, size_t bytes, int reps, cudaStream_t st) {
   const int64_t n = int64_t(bytes / 16);
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst),
+  launch_kernel(k_copy_probe, sm_count() * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst),
                 n);  // warm-up
   cudaEventRecord(a, st);
   for (int r = 0; r < reps; ++r)
-    launch_kernel(k_copy_probe, 132 * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);
+    launch_kernel(k_copy_probe, sm_count() * 8, 512, 0, st, static_cast<const int4*>(src), static_cast<int4*>(dst), n);
   cudaEventRecord(b, st);
   cudaEventSynchronize(b);
   check_launch("bandwidth probe");

@@ -380,11 +380,9 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
 // kernel: keyed by the kernel itself, as kernels of one signature differ in registers).
 template <auto Kernel> int64_t resident_blocks() {
   static const int64_t n = [] {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kWarps * 32, 0);
-    return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+    return int64_t(sm_count()) * std::max(per_sm, 1);
   }();
   return n;
 }

@@ -999,16 +999,6 @@ void launch(const Args& a, WType t, int nj, dim3 grid, cudaStream_t st) {
     launch_t<WType::Q8_0>(a, nj, grid, st);
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return std::max(sms, 1);
-  }();
-  return n;
-}
-
 // Groups of 8 rows a tile: the product's groups in tiles of at most kMaxGroups, as even as they go
 // (the kernels compute every group of a tile: fewer rows in a tile are wasted products).
 int groups_per_tile(int64_t groups) {
