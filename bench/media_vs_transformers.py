@@ -75,7 +75,11 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--llama-cpp", help="llama.cpp peer folder (PEER_MTMD=1 tools/peer/build_llama_cpp.sh DIR)")
     ap.add_argument("--profile", action="store_true",
-                    help="after the table, one more MarkBase run per input with MARKBASE_PROFILE_OPS=1: its op table")
+                    help="after the table, one more MarkBase run per input with MARKBASE_PROFILE_OPS=1: its op table "
+                         "(on the GPU a run of the five items the table's figure comes from, so that the first item's "
+                         "setup is a fifth of it)")
+    ap.add_argument("--profile-env", action="append", default=[], metavar="VAR=VALUE[,VAR=VALUE]",
+                    help="with --profile: the op tables again under these settings (repeatable)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -190,14 +194,21 @@ def main():
         print(line)
 
     if args.profile:
-        for name, _, flag, path in rows:
-            cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
-                   args.device, "--tokens", "2,10", flag, path]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, MARKBASE_PROFILE_OPS="1"))
-            table = out.stderr[out.stderr.find("MARKBASE_PROFILE_OPS"):] if "MARKBASE_PROFILE_OPS" in out.stderr else out.stderr
-            print(f"\nMarkBase ops, {name} (one run, model load included):")
-            print("\n".join(table.splitlines()[:24]))
-
+        for setting in [""] + args.profile_env:
+            env = dict(os.environ, MARKBASE_PROFILE_OPS="1")
+            env.update(kv.split("=", 1) for kv in setting.split(",") if kv)
+            for name, _, flag, path in rows:
+                items = [path] + (more[path] if args.device == "cuda" else [])
+                cmd = [args.markbase, "generate", "-m", work, "-n", "1", "--threads", str(args.threads), "--device",
+                       args.device, "--tokens", ",".join(["2"] + ["10"] * len(items))]
+                for p in items:
+                    cmd += [flag, p]
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                err = out.stderr
+                table = err[err.find("MARKBASE_PROFILE_OPS"):] if "MARKBASE_PROFILE_OPS" in err else err
+                print(f"\nMarkBase ops, {name} x{len(items)}{' with ' + setting if setting else ''} "
+                      "(one run, model load included):")
+                print("\n".join(table.splitlines()[:40]))
 
 def llama_cpp_mtmd(args, work):
     """Converts the checkpoint with llama.cpp's own converter and returns a timer for llama-mtmd-cli."""

@@ -51,7 +51,8 @@
 #   SYNTH_MODEL (e4b); DTYPES ("q4_0 q8_0 bf16": the model in each); BATCHED_DTYPES ("q4_0": those with the batched
 #   comparison too); BATCHES (8,64,128);
 #   BIG=1: 31b and 26b-a4b at q4_0 too (pp/tg; their files are ~17 and ~15 GB, minutes to make); REPS (3).
-#   MEDIA=1: the media encoders against transformers on this GPU, with MarkBase's op tables (MEDIA_TIMEOUT, 300 s).
+#   MEDIA=1: the media encoders against transformers on this GPU, with MarkBase's op tables (MEDIA_TIMEOUT, 300 s;
+#     MEDIA_ARGS: more arguments for bench/media_vs_transformers.py, e.g. --profile-env VAR=VALUE).
 #   MEDIA_CPU=1: the same on this host's CPU (MEDIA_THREADS: a list of thread counts, default every core; MEDIA_REPS,
 #     5), after the peer's build.
 #   PEER_BUILD_TIMEOUT (420 s); SKIP_PEER_BUILD=1 leaves the peer's source unbuilt.
@@ -494,9 +495,9 @@ if [[ ${MEDIA:-0} == 1 ]]; then
   say "## media encoders (bench/media_vs_transformers.py --device cuda --profile)"
   if python3 -c "import torch, torchvision, transformers" 2>/dev/null; then
     run_step media "${MEDIA_TIMEOUT:-300}" env LD_LIBRARY_PATH="$mb_ld" python3 "$root/bench/media_vs_transformers.py" \
-      --device cuda --markbase "$markbase" --profile
+      --device cuda --markbase "$markbase" --profile ${MEDIA_ARGS:-}
     grep -E '^\|' "$work/media.log" | tee -a "$md"
-    sed -n '/^MarkBase ops/,$p' "$work/media.log" | head -n 60 | tee -a "$md"
+    sed -n '/^MarkBase ops/,$p' "$work/media.log" | head -n 200 | tee -a "$md"
   else
     say "torch, torchvision or transformers missing: skipped"
   fi

@@ -208,6 +208,7 @@ class CudaBackend final : public Backend {
     tiled_quant_ = env_int("MARKBASE_CUDA_TILED_QUANT", 1) != 0;
     bf16_out_ = env_int("MARKBASE_CUDA_BF16_OUT", 1) != 0;
     dense_attention_ = env_int("MARKBASE_CUDA_DENSE_ATTENTION", 1) != 0;
+    fused_whole_ = env_int("MARKBASE_CUDA_FUSED_WHOLE", 1) != 0;
     moe_glu_ = env_int("MARKBASE_CUDA_MOE_GLU", 1) != 0;
     dense_prefill_ = env_int("MARKBASE_CUDA_DENSE_PREFILL", 1) != 0;
     seq_scan_ = env_int("MARKBASE_CUDA_SEQ_SCAN", 0) != 0;
@@ -750,6 +751,9 @@ class CudaBackend final : public Backend {
   // attention kernel walks every key of every row one warp-step at a time, which for long
   // sequences is far from the tensor cores. Plain stores only (no pages or ring), one KV head per
   // query head, no window or soft-cap: the encoders' case. MARKBASE_CUDA_DENSE_ATTENTION=0 turns it off.
+  // Head dims up to 80 (the ViTs' 64 and 72) take one fused kernel instead (cuda::attention_whole: the
+  // scores stay on chip; the two GEMMs wrote and read ~0.9 GB a layer of a 280-token image);
+  // MARKBASE_CUDA_FUSED_WHOLE=0 keeps the GEMMs.
   bool dense_attention(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
     constexpr int64_t kMinKeys = 256, kMinRows = 64;
     if (!dense_attention_ || p.window > 0 || p.softcap > 0.f || q.rank() != 3) return false;
@@ -774,14 +778,17 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < seqs.size(); ++i) {
       const AttentionSeq& s = seqs[i];
       const int64_t nk = keys[i], width = nh * hd;
+      const uint16_t *K = static_cast<const uint16_t*>(s.kv->k.data), *V = static_cast<const uint16_t*>(s.kv->v.data);
+      if (fused_whole_ && cuda::attention_whole(qb.ptr<uint16_t>() + s.begin * width, K, V, s.count, nk, nh, hd,
+                                                p.scale, out.f32() + s.begin * width, st_))
+        continue;
       // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB.
       const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * nk * 6)));
       Tensor S = scratch(DType::F32, {nh * chunk * nk}), P = scratch(DType::BF16, {nh * chunk * nk});
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
-        dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr,
-                    static_cast<const uint16_t*>(s.kv->k.data), static_cast<const uint16_t*>(s.kv->v.data), nh, nh, hd,
+        dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, K, V, nh, nh, hd,
                     rows, nk, p.scale, nk - 1, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
                     out.f32() + (s.begin + q0) * width);
       }
@@ -1563,6 +1570,7 @@ class CudaBackend final : public Backend {
   int64_t ffn_rows_ = 2048;      // MARKBASE_CUDA_FFN_ROWS: the rows of one gated_ffn call
   bool pair_glu_ = true;         // MARKBASE_CUDA_PAIR_GLU=0: gate and up as two cuBLAS products
   bool dense_attention_ = true;  // MARKBASE_CUDA_DENSE_ATTENTION
+  bool fused_whole_ = true;      // MARKBASE_CUDA_FUSED_WHOLE: an image's attention in one fused kernel (head dims <= 80)
   bool moe_glu_ = true;          // MARKBASE_CUDA_MOE_GLU=0: the grouped experts' GLU in its own kernel
   bool recording_ = false;
   bool seq_scan_ = false;  // MARKBASE_CUDA_SEQ_SCAN=1: kernels find a row's sequence by a scan (order_rows)

@@ -79,6 +79,29 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
 }
 // What bf16 h of v left out, as a second bf16 (v ~ h + remainder to 16 bits of mantissa).
 __device__ __forceinline__ uint16_t bf16_remainder(float v, uint16_t h) { return f32_bf16(v - bf16_f32(h)); }
+// 16 bytes from global to shared memory without the registers (through L2, so data the kernels before wrote
+// is seen), or zeros where bytes is 0; commit_group closes a group, wait<N> waits for all but the N latest.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async16_or_zeros(void* smem, const void* gmem, int bytes) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// c += a · b on the tensor cores: a 16 x 16 bf16 A fragment (row-major), a 16 x 8 B fragment (column-major),
+// f32 sums (PTX's m16n8k16 fragment layouts).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint2 b) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
 __device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 // The clamp and SiLU of the clamp/silu ops and of a clipped linear's fused passes (one expression, the same bits).

@@ -199,6 +199,11 @@ void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64
 // p_lo (where given): each probability's remainder after bf16, in bf16 (p + p_lo: ~16 bits).
 void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
                        float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st);
+// Attention where every query sees every one of nk keys (an image's patches), fused on the tensor
+// cores: q [rows, nh, hd] bf16, K and V [>= nk, nh, hd] bf16 (a KV head each), out [rows, nh, hd] f32.
+// Head dims that are multiples of 8 up to 80 (the ViTs' 64 and 72); false (nothing launched) otherwise.
+bool attention_whole(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t rows, int64_t nk, int64_t nh,
+                     int64_t hd, float scale, float* out, cudaStream_t st);
 inline constexpr int64_t kLocalAttnMaxHeadDim = 256;
 inline constexpr int64_t kLocalAttnMaxContext = 3072;
 struct LocalAttnArgs {

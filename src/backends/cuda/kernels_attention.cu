@@ -518,6 +518,161 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
   }
 }
 
+// Attention where every query sees every key of its sequence (an image's patches in a ViT), fused:
+// S = Q·Kᵀ and O = P·V on the tensor cores (mma m16n8k16 bf16, f32 sums) with an online softmax
+// between them, so the [heads, rows, keys] scores never reach memory. Written by hand because no
+// library on these machines covers it: cuDNN's fused attention is not a dependency here, and the
+// FlashAttention kernels ship for PyTorch, not C++. A block takes 64 queries (16 a warp) of one head;
+// K and V tiles of 64 keys reach shared memory by cp.async one tile ahead, their rows HDP (head dim
+// rounded up to 16) plus 16 bytes wide, which leaves a quarter warp's 4-byte reads on distinct
+// banks; dims past hd are zeros. P is rounded to bf16 before its product (as torch's bf16 SDPA
+// does), its sum kept in f32.
+constexpr int kFlashWarps = 4, kFlashRows = 16 * kFlashWarps, kFlashKeys = 64;
+template <int HDP>
+struct FlashLayout {
+  static constexpr int row = HDP * 2 + 16;         // bytes
+  static constexpr int tile = kFlashKeys * row;    // a K or V tile
+  static constexpr int bytes = 2 * 2 * tile;       // two stages of K and V
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(f32_bf16(lo)) | uint32_t(f32_bf16(hi)) << 16;
+}
+
+// q: [rows, nh, hd] bf16; K, V: [>= nk, nh, hd] bf16; out: [rows, nh, hd] f32. scale_log2: the
+// scores' scale times log2(e).
+template <int HDP>
+__global__ void __launch_bounds__(kFlashWarps * 32)
+    k_attention_whole(const uint16_t* q, const uint16_t* K, const uint16_t* V, int64_t rows, int64_t nk, int nh,
+                      int hd, float scale_log2, float* out) {
+  using L = FlashLayout<HDP>;
+  constexpr int KS = HDP / 16, NT = HDP / 8;  // k steps of Q·Kᵀ, n tiles of P·V
+  extern __shared__ __align__(16) unsigned char fsm[];
+  pdl_begin();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+  const int h = blockIdx.y;
+  const int64_t width = int64_t(nh) * hd;
+  const int64_t ra = int64_t(blockIdx.x) * kFlashRows + warp * 16 + g, rb = ra + 8;
+  const int chunks = hd / 8;  // 16-byte chunks of a row
+  // Dims past hd: zeros in every row of both stages (the copies below never write them).
+  for (int i = threadIdx.x; i < 4 * kFlashKeys * (HDP / 8 - chunks); i += blockDim.x) {
+    const int r = i / (HDP / 8 - chunks), ch = chunks + i % (HDP / 8 - chunks);
+    *reinterpret_cast<int4*>(fsm + r * L::row + ch * 16) = make_int4(0, 0, 0, 0);
+  }
+  uint32_t qa[KS][4];
+  auto q_pair = [&](int64_t r, int d) -> uint32_t {
+    return r < rows && d < hd ? *reinterpret_cast<const uint32_t*>(q + r * width + int64_t(h) * hd + d) : 0u;
+  };
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    const int d = kk * 16 + 2 * c;
+    qa[kk][0] = q_pair(ra, d);
+    qa[kk][1] = q_pair(rb, d);
+    qa[kk][2] = q_pair(ra, d + 8);
+    qa[kk][3] = q_pair(rb, d + 8);
+  }
+  auto load_tile = [&](int stage, int64_t k0) {
+    for (int i = threadIdx.x; i < 2 * kFlashKeys * chunks; i += blockDim.x) {
+      const int kv = i / (kFlashKeys * chunks), j = (i / chunks) % kFlashKeys, ch = i % chunks;
+      const uint16_t* base = kv ? V : K;
+      const int64_t key = k0 + j;
+      unsigned char* dst = fsm + (stage * 2 + kv) * L::tile + j * L::row + ch * 16;
+      if (key < nk) cp_async16(dst, base + key * width + int64_t(h) * hd + ch * 8);
+      else cp_async16_or_zeros(dst, base, 0);
+    }
+    cp_async_commit();
+  };
+  float o[NT][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8
+  const int tiles = int((nk + kFlashKeys - 1) / kFlashKeys);
+  load_tile(0, 0);
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) load_tile((t + 1) & 1, int64_t(t + 1) * kFlashKeys);
+    else cp_async_commit();  // an empty group: the wait below always leaves one
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned char* Ks = fsm + ((t & 1) * 2) * L::tile;
+    const unsigned char* Vs = Ks + L::tile;
+    float s[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const unsigned char* kr = Ks + (j * 8 + g) * L::row + (kk * 16 + 2 * c) * 2;
+        const uint2 b = make_uint2(*reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 16));
+        mma_bf16(s[j], qa[kk], b);
+      }
+    const int64_t key0 = int64_t(t) * kFlashKeys + 2 * c;
+    float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool in = key0 + j * 8 + e < nk;
+        s[j][e] = in ? s[j][e] * scale_log2 : -INFINITY;
+        s[j][2 + e] = in ? s[j][2 + e] * scale_log2 : -INFINITY;
+        t0 = fmaxf(t0, s[j][e]);
+        t1 = fmaxf(t1, s[j][2 + e]);
+      }
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+    const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);  // finite: every tile has a key in range
+    const float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][0] *= c0;
+      o[n][1] *= c0;
+      o[n][2] *= c1;
+      o[n][3] *= c1;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = exp2f(s[j][0] - n0);
+      s[j][1] = exp2f(s[j][1] - n0);
+      s[j][2] = exp2f(s[j][2] - n1);
+      s[j][3] = exp2f(s[j][3] - n1);
+      l0 += s[j][0] + s[j][1];
+      l1 += s[j][2] + s[j][3];
+    }
+    // O += P·V, 16 keys a step: P's A fragment is two score tiles' accumulators (rows g and g + 8).
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
+                             pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      const unsigned char* vr = Vs + (ks * 16 + 2 * c) * L::row + g * 2;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const unsigned char* v = vr + n * 16;
+        auto u16 = [&](int key) { return uint32_t(*reinterpret_cast<const uint16_t*>(v + key * L::row)); };
+        const uint2 b = make_uint2(u16(0) | u16(1) << 16, u16(8) | u16(9) << 16);
+        mma_bf16(o[n], a, b);
+      }
+    }
+    __syncthreads();  // the next iteration's copy overwrites this stage
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int d = n * 8 + 2 * c;
+    if (d >= hd) continue;
+    if (ra < rows)
+      *reinterpret_cast<float2*>(out + ra * width + int64_t(h) * hd + d) = make_float2(o[n][0] * i0, o[n][1] * i0);
+    if (rb < rows)
+      *reinterpret_cast<float2*>(out + rb * width + int64_t(h) * hd + d) = make_float2(o[n][2] * i1, o[n][3] * i1);
+  }
+}
+
 // Rows [rows, nh, hd] (row stride ld) to heads [nh, rows, hd] in bf16, with each value's remainder after
 // bf16 in lo: a head's rows, and a KV head's query heads, then sit in one contiguous matrix.
 // Where element i of heads [nh, rows, hd] lies in rows [rows, nh, hd] of row stride ld.
@@ -632,6 +787,22 @@ void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols
   launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p,
                 p_lo);
   check_launch("softmax rows");
+}
+
+bool attention_whole(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t rows, int64_t nk, int64_t nh,
+                     int64_t hd, float scale, float* out, cudaStream_t st) {
+  if (hd % 8 != 0 || hd > 80 || nk < 1) return false;
+  if (rows == 0) return true;
+  const dim3 grid(unsigned((rows + kFlashRows - 1) / kFlashRows), unsigned(nh));
+  const float scale_log2 = scale * 1.4426950408889634f;
+  if (hd <= 64)
+    launch_kernel(k_attention_whole<64>, grid, kFlashWarps * 32, FlashLayout<64>::bytes, st, q, k, v, rows, nk,
+                  int(nh), int(hd), scale_log2, out);
+  else
+    launch_kernel(k_attention_whole<80>, grid, kFlashWarps * 32, FlashLayout<80>::bytes, st, q, k, v, rows, nk,
+                  int(nh), int(hd), scale_log2, out);
+  check_launch("attention of whole sequences");
+  return true;
 }
 
 void rows_to_heads_bf16(const float* x, int64_t ld, int64_t rows, int64_t nh, int64_t hd, uint16_t* hi, uint16_t* lo,

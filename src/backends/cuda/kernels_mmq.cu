@@ -135,15 +135,6 @@ __device__ __forceinline__ const GpuWeight& pick_w(const Args& a, int i) {
 }
 __device__ __forceinline__ float* pick_y(const Args& a, int i) { return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2]; }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // A block's sums out: fragment element e of group j is weight row (e < 2 ? ra : rb), activation
 // row 8 (g0 + j) + 2c + e % 2; into the experts' rows, the split's partial sums, or y.
@@ -532,12 +523,6 @@ constexpr size_t bf16_smem_bytes() {
   return size_t(2) * NJ * 8 * kBfRowBytes;  // two chunk buffers
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint2 b) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
-}
 
 // A fragment-ordered Q4_0 word (bytes 4c..4c+3 of a row's block: elements 4c..+3 in the low nibbles,
 // 16+4c..+3 in the high) as four bf16 pairs n - 8: {4c, 4c+1}, {4c+2, 4c+3}, {16+4c, 16+4c+1},
@@ -553,11 +538,6 @@ __device__ __forceinline__ void nibbles_bf16(uint32_t v, uint32_t (&o)[4]) {
     asm("fma.rn.bf16x2 %0, %0, %1, %2;" : "+r"(o[i]) : "r"(0x3F803F80u), "r"(0xC308C308u));  // x * 1 - 136
 }
 
-// cp.async of 16 bytes, or zeros where bytes is 0 (rows past the activations').
-__device__ __forceinline__ void cp_async16_or_zeros(void* smem, const void* gmem, int bytes) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem), "r"(bytes) : "memory");
-}
 
 // A thread's share of staging a chunk: 16-byte piece `piece` of activation rows row0, row0 + 4, ...
 // of the block's tile, its addresses made once (worked out per piece and chunk, the staging had
