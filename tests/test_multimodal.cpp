@@ -232,6 +232,10 @@ TEST(MediaChat, CountsThatDoNotMatchAreClearErrors) {
             std::string::npos);
   EXPECT_NE(message_of({2, 500}, {{markbase::Media::Kind::Image, "", {'G', 'I', 'F', '8'}, {}}}).find("image 1"),
             std::string::npos);
+  // A good image, then a corrupt one (the images decode side by side): the error names the second.
+  const std::string second =
+      message_of({2, 500, 7, 500}, {img, {markbase::Media::Kind::Image, "", {'G', 'I', 'F', '8'}, {}}});
+  EXPECT_NE(second.find("image 2"), std::string::npos) << second;
   auto text_only = markbase::Engine::open({.model_path = mbtest::fixture("moe_like")});
   EXPECT_THROW(text_only->prompt_logits(std::vector<int32_t>{2, 5}, 0, {img}), markbase::Error);
 }

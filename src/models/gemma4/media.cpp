@@ -4,11 +4,14 @@
 // downmixed, resampled to the feature extractor's rate, turned into log-mel features
 // (gemma4_audio/features.h) and through the conformer (gemma4_audio/encoder.h). The processor's
 // settings come from the checkpoint's processor_config.json, as transformers' AutoProcessor reads them.
+#include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "media/audio.h"
 #include "media/image.h"
 #include "media/video.h"
@@ -73,13 +76,39 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<MediaEncoding> out(items.size());
     std::vector<size_t> tower_images;
+    for (size_t i = 0; i < items.size(); ++i)
+      if (items[i]->kind == MediaItem::Kind::Image && !unified_) tower_images.push_back(i);
+    // The tower's images decode side by side on the pool's threads (each decoder is serial), a
+    // pool's worth at a time (at most that many decoded images held); their resizes follow one at a
+    // time, each on the whole pool. A bad image's error is raised at its turn in prompt order.
+    ThreadPool& pool = ThreadPool::global();
+    std::vector<RgbImage> decoded(tower_images.size());
+    std::vector<std::exception_ptr> failed(tower_images.size());
+    size_t ready = 0;  // tower images [0, ready) decoded (or failed)
+    auto decode_wave = [&] {
+      const size_t k0 = ready, k1 = std::min(tower_images.size(), ready + size_t(pool.size()));
+      pool.parallel_for(int64_t(k1 - k0), 1, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          const size_t k = k0 + size_t(j);
+          try {
+            const MediaItem& item = *items[tower_images[k]];
+            decoded[k] = decode_image(item.bytes, item.what);
+          } catch (...) {
+            failed[k] = std::current_exception();
+          }
+        }
+      });
+      ready = k1;
+    };
     std::vector<gemma4_vision::ImagePatches> patches;
-    for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t i = 0, k = 0; i < items.size(); ++i) {
       const MediaItem& item = *items[i];
       if (item.kind == MediaItem::Kind::Image && !unified_) {
         open_vision(item.what);
-        patches.push_back(gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), image_cfg_));
-        tower_images.push_back(i);
+        if (k == ready) decode_wave();
+        if (failed[k]) std::rethrow_exception(failed[k]);
+        patches.push_back(gemma4_vision::preprocess_image(decoded[k], image_cfg_));
+        decoded[k++] = RgbImage();
       } else if (item.kind == MediaItem::Kind::Video) {
         out[i] = encode_video(item);
       } else {
