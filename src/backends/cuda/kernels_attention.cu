@@ -520,9 +520,9 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
 
 // Attention where every query sees every key of its sequence (an image's patches in a ViT), fused:
 // S = Q·Kᵀ and O = P·V on the tensor cores (mma m16n8k16 bf16, f32 sums) with an online softmax
-// between them, so the [heads, rows, keys] scores never reach memory. Written by hand because no
-// library on these machines covers it: cuDNN's fused attention is not a dependency here, and the
-// FlashAttention kernels ship for PyTorch, not C++. A block takes 64 queries (16 a warp) of one head;
+// between them, so the [heads, rows, keys] scores never reach memory. Written by hand: cuBLAS has no
+// fused attention, cuDNN's (which would cover this) is not among the project's dependencies, and the
+// FlashAttention kernels ship for PyTorch. A block takes 64 queries (16 a warp) of one head;
 // K and V tiles of 64 keys reach shared memory by cp.async one tile ahead, their rows HDP (head dim
 // rounded up to 16) plus 16 bytes wide, which leaves a quarter warp's 4-byte reads on distinct
 // banks; dims past hd are zeros. P is rounded to bf16 before its product (as torch's bf16 SDPA
