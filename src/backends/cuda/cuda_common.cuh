@@ -77,6 +77,10 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+// Two values as a bf16 pair in one word, lo in the low half (an mma fragment register's order).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(f32_bf16(lo)) | uint32_t(f32_bf16(hi)) << 16;
+}
 // What bf16 h of v left out, as a second bf16 (v ~ h + remainder to 16 bits of mantissa).
 __device__ __forceinline__ uint16_t bf16_remainder(float v, uint16_t h) { return f32_bf16(v - bf16_f32(h)); }
 // 16 bytes from global to shared memory without the registers (through L2, so data the kernels before wrote

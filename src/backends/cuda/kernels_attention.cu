@@ -535,10 +535,6 @@ struct FlashLayout {
   static constexpr int bytes = 2 * 2 * tile;       // two stages of K and V
 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(f32_bf16(lo)) | uint32_t(f32_bf16(hi)) << 16;
-}
-
 // q: [rows, nh, hd] bf16; K, V: [>= nk, nh, hd] bf16; out: [rows, nh, hd] f32. scale_log2: the
 // scores' scale times log2(e).
 template <int HDP>

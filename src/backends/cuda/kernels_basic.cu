@@ -152,8 +152,7 @@ __global__ void k_norm_regs(float* x, const float* br, const float* w, const flo
     const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
     if (i < nvec) reinterpret_cast<float4*>(dst + base)[i] = out[j];
     if (qo.bf16 && i < nvec) {
-      const uint2 b = make_uint2(uint32_t(f32_bf16(out[j].x)) | uint32_t(f32_bf16(out[j].y)) << 16,
-                                 uint32_t(f32_bf16(out[j].z)) | uint32_t(f32_bf16(out[j].w)) << 16);
+      const uint2 b = make_uint2(pack_bf16(out[j].x, out[j].y), pack_bf16(out[j].z, out[j].w));
       reinterpret_cast<uint2*>(qo.bf16 + base)[i] = b;
     }
     // Blocks of 32 are 8 whole float4s, so a group of 8 lanes is all in the row or all past it.

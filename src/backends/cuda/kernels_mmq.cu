@@ -135,7 +135,6 @@ __device__ __forceinline__ const GpuWeight& pick_w(const Args& a, int i) {
 }
 __device__ __forceinline__ float* pick_y(const Args& a, int i) { return i == 0 ? a.y[0] : i == 1 ? a.y[1] : a.y[2]; }
 
-
 // A block's sums out: fragment element e of group j is weight row (e < 2 ? ra : rb), activation
 // row 8 (g0 + j) + 2c + e % 2; into the experts' rows, the split's partial sums, or y.
 template <int NJ>
@@ -523,7 +522,6 @@ constexpr size_t bf16_smem_bytes() {
   return size_t(2) * NJ * 8 * kBfRowBytes;  // two chunk buffers
 }
 
-
 // A fragment-ordered Q4_0 word (bytes 4c..4c+3 of a row's block: elements 4c..+3 in the low nibbles,
 // 16+4c..+3 in the high) as four bf16 pairs n - 8: {4c, 4c+1}, {4c+2, 4c+3}, {16+4c, 16+4c+1},
 // {16+4c+2, 16+4c+3}. A nibble n under the bf16 exponent byte 0x43 is 128 + n; 136 off is n - 8, exact.
@@ -537,7 +535,6 @@ __device__ __forceinline__ void nibbles_bf16(uint32_t v, uint32_t (&o)[4]) {
   for (int i = 0; i < 4; ++i)
     asm("fma.rn.bf16x2 %0, %0, %1, %2;" : "+r"(o[i]) : "r"(0x3F803F80u), "r"(0xC308C308u));  // x * 1 - 136
 }
-
 
 // A thread's share of staging a chunk: 16-byte piece `piece` of activation rows row0, row0 + 4, ...
 // of the block's tile, its addresses made once (worked out per piece and chunk, the staging had
