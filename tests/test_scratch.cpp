@@ -173,6 +173,30 @@ TEST(ProfilingBackend, ChangesNoNumberAndCountsEveryOp) {
   EXPECT_TRUE(prof.entries().empty());
 }
 
+TEST(ProfilingBackend, HostTimeIsARowOutsideTheOpsTotal) {
+  auto inner = mb::make_cpu_backend();
+  mb::ProfilingBackend prof(*inner);
+  { const mb::HostTimer t(prof, "ignored while disabled"); }
+  EXPECT_TRUE(prof.entries().empty());
+  prof.set_enabled(true);
+  prof.host_time("images decoded", 0.5);
+  prof.host_time("images decoded", 0.25);
+  mb::Tensor x = prof.alloc(mb::DType::F32, {4});
+  const std::vector<float> v = {1, 2, 3, 4};
+  prof.upload(v.data(), x);
+  const auto entries = prof.entries();
+  const auto host = std::find_if(entries.begin(), entries.end(), [](const auto& e) { return e.host; });
+  ASSERT_NE(host, entries.end());
+  EXPECT_EQ(host->label, "(host) images decoded");
+  EXPECT_EQ(host->calls, 2);
+  EXPECT_DOUBLE_EQ(host->seconds, 0.75);
+  // The title's total is the ops' alone: far below the host row's 0.75 s.
+  const std::string table = prof.table("t");
+  EXPECT_NE(table.find("(host) images decoded"), std::string::npos) << table;
+  EXPECT_EQ(table.find("t: 0.7"), std::string::npos) << table;
+  EXPECT_NE(table.find("t: 0.0"), std::string::npos) << table;
+}
+
 TEST(Bench, ProfilePrintsAPrefillAndADecodeTable) {
   auto r = mbtest::run_cli("bench --synthetic tiny --dtype q8_0 --pp 8 --tg 4 --reps 2 --batch 1,2 --profile");
   ASSERT_EQ(r.exit_code, 0) << r.out;

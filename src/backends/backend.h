@@ -3,6 +3,7 @@
 // on the backend. Each op has a plain reference implementation in the CPU backend that faster
 // paths (SIMD, CUDA) are tested against.
 #pragma once
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -116,6 +117,9 @@ class Backend {
   virtual bool can_mark() const { return false; }
   virtual void mark() {}
   virtual std::vector<double> marked_seconds() { return {}; }
+  // Seconds the host spent on `what` (a static string) between ops, for a profiler's table (the ops'
+  // device time leaves it out: an asynchronous device idles through it).
+  virtual void host_time(const char* what, double seconds) {}
 
   // y[n, m] = x[n, k] · w[m, k]ᵀ. w may be any supported weight dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor& y) = 0;
@@ -382,6 +386,20 @@ class Backend {
   // The inverse: dst's bytes from host memory (media soft tokens into the embedded rows, image
   // patches into an encoder). Not inside a recorded step.
   virtual void upload(const void* src, Tensor& dst) = 0;
+};
+
+// The host's time in a scope, reported to backend.host_time as `what` (a profiler's table lists it).
+class HostTimer {
+ public:
+  HostTimer(Backend& be, const char* what) : be_(be), what_(what), t0_(std::chrono::steady_clock::now()) {}
+  ~HostTimer() { be_.host_time(what_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count()); }
+  HostTimer(const HostTimer&) = delete;
+  HostTimer& operator=(const HostTimer&) = delete;
+
+ private:
+  Backend& be_;
+  const char* what_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -42,12 +42,25 @@ void ProfilingBackend::collect_marks() {
   pending_.clear();
 }
 
+// A host row's key: an op name in parentheses with dtype -2, so the table's total and shares leave it out (the
+// device's idle row already holds that time where the backend is asynchronous; a synchronous one's op rows
+// leave it out).
+void ProfilingBackend::host_time(const char* what, double seconds) {
+  if (!enabled_) return;
+  Entry& e = stats_[Key{what, 0, 0, -2, 0}];
+  ++e.calls;
+  e.seconds += seconds;
+}
+
 std::vector<ProfilingBackend::Entry> ProfilingBackend::entries() const {
   std::vector<Entry> out;
   for (const auto& [key, e] : stats_) {
     Entry r = e;
     const auto& [op, rows, cols, dtype, n_weights] = key;
-    r.label = dtype < 0 ? std::string(op) : fmt::format("{} {}x{} {}", op, rows, cols, dtype_name(DType(dtype)));
+    r.label = dtype == -2 ? fmt::format("(host) {}", op)
+              : dtype < 0 ? std::string(op)
+                          : fmt::format("{} {}x{} {}", op, rows, cols, dtype_name(DType(dtype)));
+    r.host = dtype == -2;
     if (n_weights > 1) r.label += fmt::format(" (+{} more)", n_weights - 1);
     out.push_back(std::move(r));
   }
@@ -59,7 +72,7 @@ std::string ProfilingBackend::table(const std::string& title) {
   collect_marks();
   const std::vector<Entry> rows = entries();
   double total = 0;
-  for (const Entry& e : rows) total += e.seconds;
+  for (const Entry& e : rows) total += e.host ? 0.0 : e.seconds;
   std::string out = fmt::format("{}: {:.3f} s in backend ops{}\n", title, total,
                                 marks_ ? " (device time from marks in its stream; the idle gaps between ops are a row)" : "");
   return out + format_rows(rows, total);

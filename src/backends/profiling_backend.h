@@ -27,6 +27,7 @@ class ProfilingBackend : public Backend {
     int64_t calls = 0;
     double seconds = 0;
     double weight_bytes = 0;  // bytes of weights the calls read (matmuls), else 0
+    bool host = false;        // time on the host between ops (host_time), not in the ops' total
   };
   // Entries sorted by time, most first.
   std::vector<Entry> entries() const;
@@ -53,6 +54,7 @@ class ProfilingBackend : public Backend {
   DType kv_dtype() const override { return in_.kv_dtype(); }
   int64_t ffn_rows_per_call() const override { return in_.ffn_rows_per_call(); }
   void synchronize() override { in_.synchronize(); }
+  void host_time(const char* what, double seconds) override;
   void stage(const std::vector<HostArray>& arrays) override { in_.stage(arrays); }
   // Recording would hide the ops from the timer: a profiled run issues every op.
   void kv_write_batch(const Tensor& k, const Tensor& v, const std::vector<AttentionSeq>& seqs) override;

@@ -118,6 +118,7 @@ struct PhaseProfile {
       o.calls += e.calls;
       o.seconds += e.seconds;
       o.weight_bytes += e.weight_bytes;
+      o.host = e.host;
     }
     p.reset();
     seconds += phase_seconds;
@@ -132,7 +133,7 @@ struct PhaseProfile {
     double in_ops = 0;
     for (const auto& [label, e] : ops) {
       rows.push_back(e);
-      in_ops += e.seconds;
+      in_ops += e.host ? 0.0 : e.seconds;
     }
     std::fprintf(stderr, "bench: %s profile, batch %d: %.3f ms a %s, %.1f%% of it inside backend ops\n%s", phase,
                  batch, seconds * 1e3 / double(units), unit, 100 * in_ops / seconds,
