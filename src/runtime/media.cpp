@@ -1,10 +1,12 @@
 #include "runtime/media.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "models/architecture.h"
 
 namespace mb {
@@ -51,6 +53,7 @@ PromptMedia::~PromptMedia() = default;
 
 MediaEncoder& PromptMedia::encoder() {
   if (!encoder_) {
+    const HostTimer timer(backend_, "media checkpoint opened");
     ck_ = open_checkpoint(path_, opts_);
     encoder_ = ck_->architecture().make_media_encoder(ck_, backend_);
   }
@@ -62,10 +65,17 @@ std::vector<PromptMedia::Encoded> PromptMedia::encode(const std::vector<MediaIte
   std::vector<uint64_t> hashes(items.size());
   std::vector<const MediaItem*> todo;
   std::vector<size_t> todo_at, same_as(items.size(), SIZE_MAX);
+  for (const MediaItem& item : items)
+    MB_CHECK(!item.bytes.empty() || !item.frames.empty(), "{}: the file is empty", item.what);
+  {
+    // Side by side: a byte at a time, a 2 MB photo is ~2.5 ms of one core.
+    const HostTimer timer(backend_, "media hashed");
+    ThreadPool::global().parallel_for(int64_t(items.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hashes[size_t(i)] = media_hash(items[size_t(i)]);
+    });
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const MediaItem& item = items[i];
-    MB_CHECK(!item.bytes.empty() || !item.frames.empty(), "{}: the file is empty", item.what);
-    hashes[i] = media_hash(item);
     bool kept = false;
     for (auto it = recent_.begin(); it != recent_.end(); ++it)
       if (it->hash == hashes[i]) {
@@ -82,16 +92,17 @@ std::vector<PromptMedia::Encoded> PromptMedia::encode(const std::vector<MediaIte
     todo_at.push_back(i);
   }
   if (!todo.empty()) {
-    const std::vector<MediaEncoding> m = encoder().encode_batch(todo);
+    std::vector<MediaEncoding> m = encoder().encode_batch(todo);
     MB_CHECK(m.size() == todo.size(), "the media encoder gave {} results for {} items", m.size(), todo.size());
-    for (size_t k = 0; k < todo.size(); ++k) out[todo_at[k]] = keep(hashes[todo_at[k]], m[k], *todo[k]);
+    const HostTimer timer(backend_, "soft tokens checked and kept");
+    for (size_t k = 0; k < todo.size(); ++k) out[todo_at[k]] = keep(hashes[todo_at[k]], std::move(m[k]), *todo[k]);
   }
   for (size_t i = 0; i < items.size(); ++i)
     if (same_as[i] != SIZE_MAX) out[i] = out[same_as[i]];
   return out;
 }
 
-PromptMedia::Encoded PromptMedia::keep(uint64_t hash, const MediaEncoding& m, const MediaItem& item) {
+PromptMedia::Encoded PromptMedia::keep(uint64_t hash, MediaEncoding&& m, const MediaItem& item) {
   const int64_t width = encoder().hidden_size();
   int64_t total = 0;
   for (const MediaEncoding::Block& b : m.blocks) {
@@ -100,12 +111,17 @@ PromptMedia::Encoded PromptMedia::keep(uint64_t hash, const MediaEncoding& m, co
   }
   MB_CHECK(width > 0 && !m.blocks.empty() && int64_t(m.soft.size()) == total * width,
            "{}: the encoder gave {} values, not its {} soft tokens of {}", item.what, m.soft.size(), total, width);
-  for (float v : m.soft) MB_CHECK(std::isfinite(v), "{}: the encoder's soft tokens are not finite", item.what);
+  // A value is not finite where its exponent bits are all set; an OR over them vectorizes where a loop that
+  // stops at the first would not.
+  uint32_t non_finite = 0;
+  for (float v : m.soft) non_finite |= uint32_t((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+  MB_CHECK(!non_finite, "{}: the encoder's soft tokens are not finite", item.what);
   Encoded e{hash, {}, m.soft.size()};
   const float* at = m.soft.data();
   for (size_t i = 0; i < m.blocks.size(); ++i) {
     const size_t n = size_t(m.blocks[i].tokens) * size_t(width);
-    auto soft = std::make_shared<const std::vector<float>>(at, at + n);
+    auto soft = m.blocks.size() == 1 ? std::make_shared<const std::vector<float>>(std::move(m.soft))
+                                     : std::make_shared<const std::vector<float>>(at, at + n);
     at += n;
     e.blocks.push_back({std::move(soft), m.blocks[i].tokens, m.blocks[i].label,
                         m.blocks.size() == 1 ? hash : mix(hash + 0x9e3779b97f4a7c15ull * (i + 1))});

@@ -56,7 +56,7 @@ class PromptMedia {
   };
   // The items' encodings: from the kept ones by hash, the rest encoded together (encode_batch).
   std::vector<Encoded> encode(const std::vector<MediaItem>& items);
-  Encoded keep(uint64_t hash, const MediaEncoding& m, const MediaItem& item);
+  Encoded keep(uint64_t hash, MediaEncoding&& m, const MediaItem& item);
   MediaEncoder& encoder();
 
   std::string path_;

@@ -78,21 +78,22 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     std::vector<size_t> tower_images;
     for (size_t i = 0; i < items.size(); ++i)
       if (items[i]->kind == MediaItem::Kind::Image && !unified_) tower_images.push_back(i);
-    // The tower's images decode side by side on the pool's threads (each decoder is serial), a
-    // pool's worth at a time (at most that many decoded images held); their resizes follow one at a
-    // time, each on the whole pool. A bad image's error is raised at its turn in prompt order.
+    // The tower's images decode and resize side by side on the pool's threads (a decoder is serial; a
+    // lone image's resize takes the whole pool), a pool's worth at a time; a bad image's error is
+    // raised at its turn in prompt order.
     ThreadPool& pool = ThreadPool::global();
-    std::vector<RgbImage> decoded(tower_images.size());
+    std::vector<gemma4_vision::ImagePatches> prepared(tower_images.size());
     std::vector<std::exception_ptr> failed(tower_images.size());
-    size_t ready = 0;  // tower images [0, ready) decoded (or failed)
-    auto decode_wave = [&] {
+    size_t ready = 0;  // tower images [0, ready) prepared (or failed)
+    auto prepare_wave = [&] {
+      const HostTimer timer(be_, "images decoded, resized and cut into patches");
       const size_t k0 = ready, k1 = std::min(tower_images.size(), ready + size_t(pool.size()));
       pool.parallel_for(int64_t(k1 - k0), 1, [&](int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) {
           const size_t k = k0 + size_t(j);
           try {
             const MediaItem& item = *items[tower_images[k]];
-            decoded[k] = decode_image(item.bytes, item.what);
+            prepared[k] = gemma4_vision::preprocess_image(decode_image(item.bytes, item.what), image_cfg_);
           } catch (...) {
             failed[k] = std::current_exception();
           }
@@ -105,10 +106,9 @@ class Gemma4MediaEncoder final : public MediaEncoder {
       const MediaItem& item = *items[i];
       if (item.kind == MediaItem::Kind::Image && !unified_) {
         open_vision(item.what);
-        if (k == ready) decode_wave();
+        if (k == ready) prepare_wave();
         if (failed[k]) std::rethrow_exception(failed[k]);
-        patches.push_back(gemma4_vision::preprocess_image(decoded[k], image_cfg_));
-        decoded[k++] = RgbImage();
+        patches.push_back(std::move(prepared[k++]));
       } else if (item.kind == MediaItem::Kind::Video) {
         out[i] = encode_video(item);
       } else {
@@ -196,6 +196,7 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     if (vision_) return;
     MB_CHECK(ck_->hf_config.contains("vision_config") && ck_->hf_config["vision_config"].is_object(),
              "{}: this model has no vision tower, so it cannot read images or video ({})", ck_->path, what);
+    const HostTimer timer(be_, "vision tower loaded");
     vision_ = std::make_unique<gemma4_vision::VisionEncoder>(ck_, be_);
     image_cfg_ = gemma4_vision::parse_image_processor_config(processor_);
     if (ck_->image_tokens > 0) image_cfg_.max_soft_tokens = ck_->image_tokens;
@@ -235,12 +236,18 @@ class Gemma4MediaEncoder final : public MediaEncoder {
     if (!audio_) {
       MB_CHECK(ck_->hf_config.contains("audio_config") && ck_->hf_config["audio_config"].is_object(),
                "{}: this model has no audio tower, so it cannot read audio ({})", ck_->path, item.what);
+      const HostTimer timer(be_, "audio tower loaded");
       audio_ = std::make_unique<gemma4_audio::AudioEncoder>(ck_, be_);
       audio_cfg_ = gemma4_audio::parse_audio_feature_config(processor_);
     }
-    const Waveform w = decode_audio(item.bytes, item.what);
-    std::vector<float> mono = resample(to_mono(w), w.sample_rate, audio_cfg_.sampling_rate);
-    const gemma4_audio::AudioFeatures f = gemma4_audio::extract_features(mono, audio_cfg_);
+    std::vector<float> mono;
+    gemma4_audio::AudioFeatures f;
+    {
+      const HostTimer timer(be_, "audio decoded, resampled and turned into features");
+      const Waveform w = decode_audio(item.bytes, item.what);
+      mono = resample(to_mono(w), w.sample_rate, audio_cfg_.sampling_rate);
+      f = gemma4_audio::extract_features(mono, audio_cfg_);
+    }
     MB_CHECK(f.n_soft_tokens > 0, "{}: the audio is too short to give a soft token ({} samples at {} Hz)", item.what,
              mono.size(), audio_cfg_.sampling_rate);
     return audio_->encode(f.mel, f.valid, f.n_mels);

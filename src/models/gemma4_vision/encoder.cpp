@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "models/hf_config.h"
 #include "models/tower_weights.h"
 
@@ -15,6 +17,7 @@ namespace mb::gemma4_vision {
 namespace {
 constexpr const char* kTower = "model.vision_tower.";
 constexpr const char* kProjector = "model.embed_vision.embedding_projection.weight";
+constexpr const char* kHostArrays = "vision tower's host-side arrays";  // one profiler row for every scope
 
 }  // namespace
 
@@ -166,9 +169,14 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
   // Patch embedding: (2·pixel - 1) · Wᵀ plus the x and y rows of the position table.
   std::vector<float> centred(size_t(n * P));
   {
-    float* dst = centred.data();
-    for (const Patches& im : images)
-      for (float v : im.pixels) *dst++ = 2.f * (v - 0.5f);
+    const HostTimer timer(be_, kHostArrays);
+    for (size_t b = 0; b < B; ++b) {
+      const float* src = images[b].pixels.data();
+      float* dst = centred.data() + begin[b] * P;
+      ThreadPool::global().parallel_for(count[b], 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0 * P; i < r1 * P; ++i) dst[i] = 2.f * (src[i] - 0.5f);
+      });
+    }
   }
   Tensor px = be_.scratch(DType::F32, {n, P});
   be_.upload(centred.data(), px);
@@ -186,6 +194,7 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
 
   // Each head is rotated as two half-heads, the first by the patch's column and the second by its
   // row: viewed as [n·nh·2, 1, hd/2] rows, row (t, head, half) takes position pos_x[t] or pos_y[t].
+  std::optional<HostTimer> timer(std::in_place, be_, kHostArrays);
   std::vector<int32_t> q_pos(size_t(n * nh * 2)), k_pos(size_t(n * nkv * 2));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < nh; ++j) {
@@ -218,6 +227,7 @@ std::vector<std::vector<float>> VisionEncoder::encode_batch(std::span<const Patc
     writes[b] = {&stores[b], begin[b], count[b], key_slots.data() + begin[b]};
     reads[b] = {&stores[b], begin[b], count[b], query_last.data() + begin[b]};
   }
+  timer.reset();
   AttentionParams ap;  // scale 1: the q/k norms set the logits' size
   ap.scale = 1.f;
   ap.rounded_inputs = !w_->layers.empty() && rounded_products(*ck_, w_->layers[0].q.w);
