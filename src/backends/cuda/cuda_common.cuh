@@ -81,6 +81,18 @@ __device__ __forceinline__ uint16_t f32_bf16(float f) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(f32_bf16(lo)) | uint32_t(f32_bf16(hi)) << 16;
 }
+// pack_bf16 by the hardware's conversion (one instruction a pair): the same bits for every value but NaN.
+__device__ __forceinline__ uint32_t pack_bf16_rn(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// 2^x by the special-function unit alone (exp2f adds the steps for results below 2^-126, which this flushes).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 // What bf16 h of v left out, as a second bf16 (v ~ h + remainder to 16 bits of mantissa).
 __device__ __forceinline__ uint16_t bf16_remainder(float v, uint16_t h) { return f32_bf16(v - bf16_f32(h)); }
 // 16 bytes from global to shared memory without the registers (through L2, so data the kernels before wrote
@@ -105,6 +117,19 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+// Four 8 x 8 bf16 matrices from shared memory, lanes 8i..8i+7 giving the 16-byte rows of matrix i; r[i] holds
+// matrix i in the mma fragment layout (lane 4g + c: row g, columns 2c and 2c + 1), or with .trans its transpose
+// (row 2c and 2c + 1, column g): a B fragment's k pairs from rows that hold n.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 __device__ __forceinline__ float half_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 

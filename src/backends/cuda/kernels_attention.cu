@@ -524,9 +524,9 @@ __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, 
 // fused attention, cuDNN's (which would cover this) is not among the project's dependencies, and the
 // FlashAttention kernels ship for PyTorch. A block takes 64 queries (16 a warp) of one head;
 // K and V tiles of 64 keys reach shared memory by cp.async one tile ahead, their rows HDP (head dim
-// rounded up to 16) plus 16 bytes wide, which leaves a quarter warp's 4-byte reads on distinct
-// banks; dims past hd are zeros. P is rounded to bf16 before its product (as torch's bf16 SDPA
-// does), its sum kept in f32.
+// rounded up to 16) plus 16 bytes wide, so the eight 16-byte rows of an ldmatrix fall on distinct
+// banks (K's fragments as stored, V's transposed); dims past hd are zeros. P is rounded to bf16
+// before its product (as torch's bf16 SDPA does), its sum kept in f32.
 constexpr int kFlashWarps = 4, kFlashRows = 16 * kFlashWarps, kFlashKeys = 64;
 template <int HDP>
 struct FlashLayout {
@@ -590,32 +590,39 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
     const unsigned char* Ks = fsm + ((t & 1) * 2) * L::tile;
     const unsigned char* Vs = Ks + L::tile;
     float s[8][4] = {};
+    // Lane l addresses row l % 8 of matrix l / 8: keys 16 jp + 8 (l / 16) + l % 8, dims 16 kk + 8 (l / 8 % 2).
+    const unsigned char* kl = Ks + ((lane >> 4) * 8 + (lane & 7)) * L::row + ((lane >> 3) & 1) * 16;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const unsigned char* kr = Ks + (j * 8 + g) * L::row + (kk * 16 + 2 * c) * 2;
-        const uint2 b = make_uint2(*reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 16));
-        mma_bf16(s[j], qa[kk], b);
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t r[4];
+        ldmatrix_x4(r, kl + jp * 16 * L::row + kk * 32);
+        mma_bf16(s[2 * jp], qa[kk], make_uint2(r[0], r[1]));
+        mma_bf16(s[2 * jp + 1], qa[kk], make_uint2(r[2], r[3]));
       }
-    const int64_t key0 = int64_t(t) * kFlashKeys + 2 * c;
+    // The scores stay unscaled (scale > 0 keeps their order): exp2(s·scale_log2 - m·scale_log2) is one fma and
+    // one ex2 a score. Keys past nk (the last tile's) drop out as -inf.
+    if (int64_t(t + 1) * kFlashKeys > nk) {
+      const int64_t key0 = int64_t(t) * kFlashKeys + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (key0 + j * 8 + e >= nk) s[j][e] = s[j][2 + e] = -INFINITY;
+    }
     float t0 = -INFINITY, t1 = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool in = key0 + j * 8 + e < nk;
-        s[j][e] = in ? s[j][e] * scale_log2 : -INFINITY;
-        s[j][2 + e] = in ? s[j][2 + e] * scale_log2 : -INFINITY;
-        t0 = fmaxf(t0, s[j][e]);
-        t1 = fmaxf(t1, s[j][2 + e]);
-      }
+    for (int j = 0; j < 8; ++j) {
+      t0 = fmaxf(t0, fmaxf(s[j][0], s[j][1]));
+      t1 = fmaxf(t1, fmaxf(s[j][2], s[j][3]));
+    }
     t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
     t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
     t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
     t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
     const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);  // finite: every tile has a key in range
-    const float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    const float c0 = ex2_ftz((m0 - n0) * scale_log2), c1 = ex2_ftz((m1 - n1) * scale_log2);
     m0 = n0;
     m1 = n1;
     l0 *= c0;
@@ -627,28 +634,30 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
       o[n][2] *= c1;
       o[n][3] *= c1;
     }
+    const float b0 = -n0 * scale_log2, b1 = -n1 * scale_log2;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s[j][0] = exp2f(s[j][0] - n0);
-      s[j][1] = exp2f(s[j][1] - n0);
-      s[j][2] = exp2f(s[j][2] - n1);
-      s[j][3] = exp2f(s[j][3] - n1);
+      s[j][0] = ex2_ftz(fmaf(s[j][0], scale_log2, b0));
+      s[j][1] = ex2_ftz(fmaf(s[j][1], scale_log2, b0));
+      s[j][2] = ex2_ftz(fmaf(s[j][2], scale_log2, b1));
+      s[j][3] = ex2_ftz(fmaf(s[j][3], scale_log2, b1));
       l0 += s[j][0] + s[j][1];
       l1 += s[j][2] + s[j][3];
     }
     // O += P·V, 16 keys a step: P's A fragment is two score tiles' accumulators (rows g and g + 8).
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
-                             pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                             pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      const unsigned char* vr = Vs + (ks * 16 + 2 * c) * L::row + g * 2;
+      const uint32_t a[4] = {pack_bf16_rn(s[2 * ks][0], s[2 * ks][1]), pack_bf16_rn(s[2 * ks][2], s[2 * ks][3]),
+                             pack_bf16_rn(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             pack_bf16_rn(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      // Transposed: lane l addresses keys 16 ks + 8 (l / 8 % 2) + l % 8, dims 8 (2 np + l / 16).
+      const unsigned char* vl = Vs + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * L::row + (lane >> 4) * 16;
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const unsigned char* v = vr + n * 16;
-        auto u16 = [&](int key) { return uint32_t(*reinterpret_cast<const uint16_t*>(v + key * L::row)); };
-        const uint2 b = make_uint2(u16(0) | u16(1) << 16, u16(8) | u16(9) << 16);
-        mma_bf16(o[n], a, b);
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, vl + np * 32);
+        mma_bf16(o[2 * np], a, make_uint2(r[0], r[1]));
+        mma_bf16(o[2 * np + 1], a, make_uint2(r[2], r[3]));
       }
     }
     __syncthreads();  // the next iteration's copy overwrites this stage
@@ -787,7 +796,7 @@ void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols
 
 bool attention_whole(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t rows, int64_t nk, int64_t nh,
                      int64_t hd, float scale, float* out, cudaStream_t st) {
-  if (hd % 8 != 0 || hd > 80 || nk < 1) return false;
+  if (hd % 8 != 0 || hd > 80 || nk < 1 || !(scale > 0.f)) return false;
   if (rows == 0) return true;
   const dim3 grid(unsigned((rows + kFlashRows - 1) / kFlashRows), unsigned(nh));
   const float scale_log2 = scale * 1.4426950408889634f;
