@@ -304,6 +304,14 @@ __device__ __forceinline__ float weight_at(const GpuWeight& w, int64_t r, int64_
 // One head of hd elements, in place, by one block: an RMS norm (do_norm; weight w, 1 + w or
 // none), then the half-split rotation at position p (inv_freq null: none). v: hd floats of shared
 // memory; red: 32.
+// One rotated pair (a, b) -> (x_j, x_{j+half}) at position p and frequency f. Angles in f32 as transformers forms
+// them: float(pos) * inv_freq; precise sin/cos.
+__device__ __forceinline__ void rotate_pair(float& xj, float& xh, float a, float b, float p, float f) {
+  float s, c;
+  sincosf(p * f, &s, &c);
+  xj = a * c - b * s;
+  xh = b * c + a * s;
+}
 __device__ __forceinline__ void head_norm_rope(float* xr, int64_t hd, int do_norm, const float* w, float eps,
                                                int add_one, float p, const float* inv_freq, float* v, float* red) {
   float inv = 1.f;
@@ -332,11 +340,7 @@ __device__ __forceinline__ void head_norm_rope(float* xr, int64_t hd, int do_nor
       xr[j] = a;
       xr[j + half] = b;
     } else {
-      // Angles in f32 as transformers forms them: float(pos) * inv_freq; precise sin/cos.
-      float s, c;
-      sincosf(p * f, &s, &c);
-      xr[j] = a * c - b * s;
-      xr[j + half] = b * c + a * s;
+      rotate_pair(xr[j], xr[j + half], a, b, p, f);
     }
   }
 }

@@ -44,7 +44,7 @@ __global__ void k_norm_rope(float* x, int64_t heads, int64_t hd, const float* w,
   head_norm_rope(x + blockIdx.x * hd, hd, do_norm, w, eps, add_one, float(pos[blockIdx.x / heads]), inv_freq, v, red);
 }
 
-// rope alone: a thread a rotated pair (j, j + hd/2) of one head row, with head_norm_rope's arithmetic.
+// rope alone: a thread a rotated pair (j, j + hd/2) of one head row (rotate_pair, as head_norm_rope).
 // A block a head row (k_norm_rope) left blocks of 16-32 threads for a ViT's half-heads of 32 values
 // (~300k blocks a call for five 280-token images: ~0.2 TB/s).
 __global__ void k_rope_pairs(float* x, int64_t rows, int64_t heads, int64_t hd, const int32_t* pos,
@@ -56,11 +56,7 @@ __global__ void k_rope_pairs(float* x, int64_t rows, int64_t heads, int64_t hd, 
     const float f = inv_freq[j];
     if (f == 0.f) continue;
     float* xr = x + r * hd;
-    const float a = xr[j], b = xr[j + half];
-    float sn, cs;
-    sincosf(float(pos[r / heads]) * f, &sn, &cs);
-    xr[j] = a * cs - b * sn;
-    xr[j + half] = b * cs + a * sn;
+    rotate_pair(xr[j], xr[j + half], xr[j], xr[j + half], float(pos[r / heads]), f);
   }
 }
 
@@ -525,6 +521,8 @@ __global__ void k_split_blocks(const uint8_t* raw, int64_t nblocks, int block_by
   }
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 int norm_threads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : cols > 64 ? 128 : 64; }
 
 }  // namespace
@@ -543,9 +541,8 @@ namespace {
 template <int MODE>
 bool norm_regs(float* x, const float* br, const float* w, const float* w2, float eps, bool add_one, float scale,
                int64_t rows, int64_t cols, float* y, QuantOut qo, cudaStream_t st) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (cols % 4 != 0 || cols > kNormRegMax || (qo.q && cols % 32 != 0) || !aligned(x) || !aligned(br) ||
-      !aligned(w) || !aligned(w2) || !aligned(y) || !aligned(qo.bf16))
+  if (cols % 4 != 0 || cols > kNormRegMax || (qo.q && cols % 32 != 0) || !aligned16(x) || !aligned16(br) ||
+      !aligned16(w) || !aligned16(w2) || !aligned16(y) || !aligned16(qo.bf16))
     return false;
   const int64_t nvec = cols / 4, v = (nvec + kNormRegThreads - 1) / kNormRegThreads;
   const unsigned threads = unsigned(((nvec + v - 1) / v + 31) / 32 * 32);
@@ -568,8 +565,7 @@ bool norm_regs(float* x, const float* br, const float* w, const float* w2, float
 void rms_norm(const float* x, const float* w, float eps, bool add_one, int64_t rows, int64_t cols, float* y,
               cudaStream_t st, QuantOut qo) {
   if (rows == 0) return;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (cols % 4 == 0 && cols <= 128 && !qo.q && aligned(x) && aligned(w) && aligned(y) &&
+  if (cols % 4 == 0 && cols <= 128 && !qo.q && aligned16(x) && aligned16(w) && aligned16(y) &&
       reinterpret_cast<uintptr_t>(qo.bf16) % 8 == 0) {
     const int64_t nvec = cols / 4;
     const int lanes = nvec <= 4 ? 4 : nvec <= 8 ? 8 : nvec <= 16 ? 16 : 32;
@@ -717,9 +713,6 @@ void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t st) {
   launch_kernel(k_f32_to_bf16, grid_1d(n), 256, 0, st, x, n, out);
   check_launch("f32_to_bf16");
 }
-namespace {
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-}  // namespace
 void clamp_to_bf16(const float* x, int64_t n, float lo, float hi, uint16_t* out, cudaStream_t st) {
   if (n == 0) return;
   if (n % 4 == 0 && aligned16(x) && reinterpret_cast<uintptr_t>(out) % 8 == 0)
