@@ -1243,10 +1243,12 @@ struct AttnConfig {
   }
 };
 
-// One sequence's rows in a step: positions [start, start + count).
+// One sequence's rows in a step: positions [start, start + count). An image's tokens at positions
+// [span_first, span_end) see every key up to its last (AttentionSeq::last); the others up to their own.
 struct Part {
   int seq;
   int64_t start, count;
+  int64_t span_first = 0, span_end = 0;
 };
 using Step = std::vector<Part>;
 
@@ -1385,13 +1387,22 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
     const Step& st = steps[si];
     int64_t rows = 0;
     for (const Part& p : st) rows += p.count;
-    std::vector<int32_t> positions;
+    std::vector<int32_t> positions, lasts;
     std::vector<Backend::AttentionSeq> seqs;
+    bool spans = false;
     for (const Part& p : st) {
+      spans |= p.span_end > p.span_first;
       seqs.push_back({&stores[size_t(p.seq)], int64_t(positions.size()), p.count, nullptr});
-      for (int64_t i = 0; i < p.count; ++i) positions.push_back(int32_t(p.start + i));
+      for (int64_t i = 0; i < p.count; ++i) {
+        const int64_t at = p.start + i;
+        positions.push_back(int32_t(at));
+        lasts.push_back(int32_t(at >= p.span_first && at < p.span_end ? p.span_end - 1 : at));
+      }
     }
-    for (auto& s : seqs) s.pos = positions.data() + s.begin;
+    for (auto& s : seqs) {
+      s.pos = positions.data() + s.begin;
+      if (spans) s.last = lasts.data() + s.begin;
+    }
     if (c.reversed) std::reverse(seqs.begin(), seqs.end());
     // Pages every query of the sequence has left behind (sliding window) are gone.
     if (c.layout == Layout::Paged && c.window > 0)
@@ -1404,6 +1415,7 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
     std::optional<Unstage> unstage;
     if (staged) {
       std::vector<mb::HostArray> arrays = {{positions.data(), positions.size() * 4, positions.size() * 4 + 64}};
+      if (spans) arrays.push_back({lasts.data(), lasts.size() * 4, lasts.size() * 4});
       for (const Part& p : st) {
         const auto& tab = tables[size_t(p.seq)];
         if (!tab.empty()) arrays.push_back({tab.data(), tab.size() * 4, tab.size() * 4});
@@ -1419,7 +1431,7 @@ std::vector<std::vector<float>> run_attention(Backend& be, const AttnConfig& c, 
       in.pos = positions.data();
       be.attention_inputs(q, &k, &v, in, seqs);
       be.attention_batch(q, seqs, ap, out);
-    } else if (st.size() == 1) {
+    } else if (st.size() == 1 && !spans) {
       be.kv_write(stores[size_t(st[0].seq)], k, v, positions.data());
       be.attention(q, stores[size_t(st[0].seq)], positions.data(), ap, out);
     } else {
@@ -1535,6 +1547,37 @@ TEST_F(CudaOps, AttentionPrefillChunksOnTheDensePath) {
         std::printf("[ cuda-op  ] attention dense vs kernel %s, %s: worst rel %.2e (tol %.0e)\n",
                     steps == &one ? "one seq" : "two seqs", c.label().c_str(), worst, kDenseVsKernelTol);
       }
+    });
+  }
+}
+
+// Prefill chunks with image spans (an image's tokens see up to its last key, AttentionSeq::last, as
+// the model runner asks; text rows up to their own) on the dense path and on the kernel, against the
+// CPU: spans inside a chunk, at its end and over a window's edge, and a call of a decode row beside a
+// span's chunk (the dense path takes the chunk, the kernel the row). Not in rings: a ring holds no key
+// past a query's position (the CPU refuses it).
+TEST_F(CudaOps, AttentionPrefillWithImageSpans) {
+  const std::unique_ptr<Backend> dense = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "1"),
+                                 kernel = gpu_with("MARKBASE_CUDA_DENSE_PREFILL", "0");
+  const std::vector<Step> one = {{{0, 0, 100, 20, 60}}, {{0, 100, 137, 150, 230}}, {{0, 237, 70, 250, 307}},
+                                 {{0, 307, 1}}};
+  const std::vector<Step> two = {{{0, 0, 100, 10, 90}, {1, 0, 64}},
+                                 {{0, 100, 70}, {1, 64, 130, 64, 194}},
+                                 {{0, 170, 1}, {1, 194, 80, 200, 260}},
+                                 {{0, 171, 1}, {1, 274, 1}}};
+  for (const AttnConfig& c : attention_configs()) {
+    if (c.layout == Layout::Ring) continue;
+    const double tol = c.bf16_inputs ? kTolMat : 2 * kTolMat;
+    guarded("attention image spans " + c.label(), [&] {
+      for (Backend* be : {dense.get(), kernel.get()}) {
+        const std::string side = be == dense.get() ? "spans-dense" : "spans-kernel";
+        compare_attention(cpu(), *be, c, one, side + "-one", tol);
+        compare_attention(cpu(), *be, c, two, side + "-two", tol);
+      }
+      const auto data = step_data(c, two, 8);
+      const auto ref = run_attention(cpu(), c, two, data, false, true), got = run_attention(*dense, c, two, data, true, true);
+      for (size_t i = 0; i < ref.size(); ++i)
+        check("image spans over NaN-poisoned stores " + c.label() + " step " + std::to_string(i), ref[i], got[i], tol);
     });
   }
 }

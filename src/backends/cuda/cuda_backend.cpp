@@ -703,8 +703,16 @@ class CudaBackend final : public Backend {
   void attention_batch(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p,
                        Tensor& out) override {
     MB_CHECK(q.rank() == 3 && out.numel() == q.numel(), "attention: q {} / out {}", q.shape_str(), out.shape_str());
-    if (seqs.empty()) return;
-    if (dense_attention(q, seqs, p, out) || dense_prefill(q, seqs, p, out)) return;
+    if (seqs.empty() || dense_attention(q, seqs, p, out)) return;
+    // Long prefill chunks take the dense path, the rest of the call (decode rows beside them) the kernel.
+    const std::vector<AttentionSeq> rest = dense_prefill(q, seqs, p, out);
+    if (!rest.empty()) kernel_attention(q, rest, p, out, rest.size() == seqs.size());
+  }
+
+  // The attention kernel over `seqs` (their rows of q and out); `whole`: they are every row of the call, so
+  // the output's quantized copy for the next product can be written as it is.
+  void kernel_attention(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out,
+                        bool whole) {
     const KVStore& kv0 = *seqs[0].kv;
     AttnArgs a;
     a.n_rows = q.dim(0);
@@ -729,7 +737,7 @@ class CudaBackend final : public Backend {
     Tensor part = pf > 0 ? scratch(DType::F32, {pf}) : Tensor();
     // A decode step's attention output, quantized as it is written for the output projection.
     Tensor flat = out.reshaped({a.n_rows, a.n_heads * a.hd});
-    const QuantOut qo = a.hd % 32 == 0 ? quantize_next(flat) : QuantOut{};
+    const QuantOut qo = whole && a.hd % 32 == 0 ? quantize_next(flat) : QuantOut{};
     a.qo = qo;
     for (size_t i0 = 0; i0 < seqs.size(); i0 += kMaxSeqsPerLaunch) {
       KVSeqs ks;
@@ -789,7 +797,7 @@ class CudaBackend final : public Backend {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
         dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, K, V, nh, nh, hd,
-                    rows, nk, p.scale, nk - 1, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
+                    rows, nk, p.scale, nk - 1, nullptr, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
                     out.f32() + (s.begin + q0) * width);
       }
     }
@@ -797,8 +805,8 @@ class CudaBackend final : public Backend {
   }
 
   // The dense attention of `rows` queries over nk keys (K and V bf16, rows nkv·hd apart): S_h [rows, nk] =
-  // scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own key at column first_hi + r, window and
-  // soft-cap as given), O_h = P_h · V_g. In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ ·
+  // scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own key at column first_hi + r, its last
+  // ahead[r] further where given, window and soft-cap as given), O_h = P_h · V_g. In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ ·
   // Q_h ([hd x rows]) and O_h [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]).
   // Two layouts of q and o:
   // - rows (q bf16 and o f32 [rows, nh, hd], each query head its own KV head: the images): one batched
@@ -813,7 +821,7 @@ class CudaBackend final : public Backend {
   // expert flips on a bf16 Q or P); the images' encoders round to bf16 as torch's bf16 SDPA does.
   void dense_heads(bool head_major, const uint16_t* q, const uint16_t* q_lo, const uint16_t* K, const uint16_t* V,
                    int64_t nh, int64_t nkv, int64_t hd, int64_t rows, int64_t nk, float scale, int64_t first_hi,
-                   int window, float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
+                   const int32_t* ahead, int window, float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
     const float zero = 0.f, one = 1.f;
     const int64_t group = nh / nkv, kw = nkv * hd;
     MB_CHECK(head_major || group == 1, "dense attention: rows-major queries need a KV head each");
@@ -828,7 +836,7 @@ class CudaBackend final : public Backend {
                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "attention scores (batched GEMM)");
     }
-    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, window, softcap, P, P_lo, st_);
+    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, ahead, window, softcap, P, P_lo, st_);
     for (const uint16_t* pt : {static_cast<const uint16_t*>(P), static_cast<const uint16_t*>(P_lo)}) {
       if (!pt) continue;
       check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(n), int(nk), &one, V,
@@ -839,34 +847,53 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own,
-  // within the window) as the dense path above runs images: dense_heads on the chunk's queries laid
-  // out by heads (one batched GEMM over the KV heads a product) and the chunk's key range (K and V
-  // read in place from a plain store, gathered from pages or a ring), the causal mask, window and
-  // soft-cap in the softmax between. The attention kernel walks each row's keys a warp-step at a
-  // time on the CUDA cores, its cost growing with the prompt's square. Never in a recorded step (the key ranges follow the
-  // positions). MARKBASE_CUDA_DENSE_PREFILL=0 turns it off.
-  bool dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs, const AttentionParams& p, Tensor& out) {
+  // Prefill chunks of many rows at consecutive positions (each query sees the keys up to its own, or
+  // up to its image's last where `last` says so, within the window) as the dense path above runs
+  // images: dense_heads on the chunk's queries laid out by heads (one batched GEMM over the KV heads a
+  // product) and the chunk's key range (K and V read in place from a plain store, gathered from pages
+  // or a ring), the mask, window and soft-cap in the softmax between. The attention kernel walks each
+  // row's keys a warp-step at a time on the CUDA cores, its cost growing with the prompt's square.
+  // Returns the sequences it left to the kernel (decode rows, short chunks); never in a recorded step
+  // (the key ranges follow the positions). MARKBASE_CUDA_DENSE_PREFILL=0 turns it off.
+  std::vector<AttentionSeq> dense_prefill(const Tensor& q, const std::vector<AttentionSeq>& seqs,
+                                          const AttentionParams& p, Tensor& out) {
     constexpr int64_t kMinRows = 64;
-    if (!dense_prefill_ || recording_ || q.rank() != 3) return false;
+    if (!dense_prefill_ || recording_ || q.rank() != 3) return seqs;
     const int64_t nh = q.dim(1), hd = q.dim(2), width = nh * hd;
-    for (const AttentionSeq& s : seqs) {
+    auto dense = [&](const AttentionSeq& s) {
       const KVStore& kv = *s.kv;
-      if (s.count < kMinRows || s.last || kv.k.dtype != DType::BF16 || kv.k.rank() != 3 || kv.k.dim(2) != hd ||
-          hd % 8 != 0 || nh % kv.k.dim(1) != 0)
+      if (s.count < kMinRows || kv.k.dtype != DType::BF16 || kv.k.rank() != 3 || kv.k.dim(2) != hd || hd % 8 != 0 ||
+          nh % kv.k.dim(1) != 0)
         return false;
-      for (int64_t t = 1; t < s.count; ++t)
-        if (s.pos[t] != s.pos[0] + t) return false;
-    }
+      for (int64_t t = 0; t < s.count; ++t)
+        if (s.pos[t] != s.pos[0] + t || (s.last && s.last[t] < s.pos[t])) return false;
+      return true;
+    };
+    std::vector<AttentionSeq> rest;
     for (const AttentionSeq& s : seqs) {
+      if (!dense(s)) {
+        rest.push_back(s);
+        continue;
+      }
       const KVStore& kv = *s.kv;
       const int64_t nkv = kv.k.dim(1), kw = nkv * hd, p0 = s.pos[0];
+      // How far past its own key each row sees (an image's tokens: to the image's last).
+      std::vector<int32_t> ahead;
+      int64_t max_ahead = 0;
+      if (s.last) {
+        ahead.resize(size_t(s.count));
+        for (int64_t t = 0; t < s.count; ++t) {
+          ahead[size_t(t)] = s.last[t] - s.pos[t];
+          max_ahead = std::max<int64_t>(max_ahead, ahead[size_t(t)]);
+        }
+      }
       // Queries per chunk: S (f32), P and its remainder (bf16) of every head within ~256 MB at the most keys a
       // chunk reads.
-      const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count;
+      const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count + max_ahead;
       const int64_t chunk =
           std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * key_bound * 8)));
-      const int64_t most_keys = std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk : p0 + s.count);
+      const int64_t most_keys =
+          std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk + max_ahead : p0 + s.count + max_ahead);
       Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys}),
              P_lo = scratch(DType::BF16, {nh * chunk * most_keys});
       // A chunk's queries and output by heads (dense_heads' head-major layout).
@@ -880,9 +907,12 @@ class CudaBackend final : public Backend {
       }
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
-        const int64_t khi = p0 + q0 + rows - 1;
+        int64_t khi = p0 + q0 + rows - 1;
+        for (int64_t t = q0; t < q0 + rows && s.last; ++t) khi = std::max<int64_t>(khi, s.last[t]);
         const int64_t klo = p.window > 0 ? std::max<int64_t>(0, p0 + q0 - p.window + 1) : 0, nk = khi - klo + 1;
-        MB_CHECK(nk <= most_keys, "dense prefill: {} keys for a chunk sized for {}", nk, most_keys);
+        MB_CHECK(nk <= most_keys && (!in_place || khi < kv.k.dim(0)),
+                 "dense prefill: keys [{}, {}] for a chunk sized for {} keys, a store of {}", klo, khi, most_keys,
+                 kv.k.dim(0));
         const uint16_t *K = static_cast<const uint16_t*>(kv.k.data) + klo * kw,
                        *V = static_cast<const uint16_t*>(kv.v.data) + klo * kw;
         if (!in_place) {
@@ -894,11 +924,12 @@ class CudaBackend final : public Backend {
         cuda::rows_to_heads_bf16(q.f32() + (s.begin + q0) * width, width, rows, nh, hd, qh.ptr<uint16_t>(),
                                  qh_lo.ptr<uint16_t>(), st_);
         dense_heads(true, qh.ptr<uint16_t>(), qh_lo.ptr<uint16_t>(), K, V, nh, nkv, hd, rows, nk, p.scale,
-                    p0 + q0 - klo, p.window, p.softcap, S.f32(), P.ptr<uint16_t>(), P_lo.ptr<uint16_t>(), oh.f32());
+                    p0 + q0 - klo, s.last ? dev(ahead.data() + q0, rows) : nullptr, p.window, p.softcap, S.f32(),
+                    P.ptr<uint16_t>(), P_lo.ptr<uint16_t>(), oh.f32());
         cuda::heads_to_rows(oh.f32(), rows, nh, hd, width, out.f32() + (s.begin + q0) * width, st_);
       }
     }
-    return true;
+    return rest;
   }
 
   void gelu_tanh_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {

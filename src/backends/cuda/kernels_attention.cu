@@ -489,15 +489,18 @@ int attention_cluster_max() {
 // r, or the last column if that is past it) takes its keys up to its own and within the window
 // (window > 0: the last `window`), soft-capped first where softcap > 0; zeros in every other
 // column (none where first_hi is the last column: every query sees every key).
-__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi, int window,
-                                      float softcap, uint16_t* p, uint16_t* p_lo) {
+__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi,
+                                      const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo) {
   pdl_begin();
   __shared__ float red[32];
   const float* row = s + int64_t(blockIdx.x) * cols;
   uint16_t* out = p + int64_t(blockIdx.x) * cols;
   uint16_t* out_lo = p_lo ? p_lo + int64_t(blockIdx.x) * cols : nullptr;
-  const int64_t hi = first_hi + int64_t(blockIdx.x) % rows < cols ? first_hi + int64_t(blockIdx.x) % rows : cols - 1;
-  const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
+  const int64_t r = int64_t(blockIdx.x) % rows, own = first_hi + r;  // the row's own key
+  const int64_t far = own + (ahead ? ahead[r] : 0);
+  const int64_t hi = far < cols ? far : cols - 1;
+  // The window counts back from the row's own key, not from an image's last (as the attention kernel).
+  const int64_t lo = window > 0 && own - window + 1 > 0 ? own - window + 1 : 0;
   auto score = [&](int64_t c) { return softcap > 0.f ? softcap * tanhf(row[c] / softcap) : row[c]; };
   float m = -FLT_MAX;
   for (int64_t c = lo + threadIdx.x; c <= hi; c += blockDim.x) m = fmaxf(m, score(c));
@@ -786,11 +789,11 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 
 }  // namespace
 
-void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi, int window,
-                       float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st) {
+void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi,
+                       const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st) {
   if (heads * rows * cols == 0) return;
-  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, window, softcap, p,
-                p_lo);
+  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, ahead, window,
+                softcap, p, p_lo);
   check_launch("softmax rows");
 }
 
