@@ -908,7 +908,7 @@ class CudaBackend final : public Backend {
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         int64_t khi = p0 + q0 + rows - 1;
-        for (int64_t t = q0; t < q0 + rows && s.last; ++t) khi = std::max<int64_t>(khi, s.last[t]);
+        if (s.last) khi = std::max<int64_t>(khi, *std::max_element(s.last + q0, s.last + q0 + rows));
         const int64_t klo = p.window > 0 ? std::max<int64_t>(0, p0 + q0 - p.window + 1) : 0, nk = khi - klo + 1;
         MB_CHECK(nk <= most_keys && (!in_place || khi < kv.k.dim(0)),
                  "dense prefill: keys [{}, {}] for a chunk sized for {} keys, a store of {}", klo, khi, most_keys,

@@ -768,15 +768,10 @@ __device__ __forceinline__ void nibbles_scaled_bf16(uint32_t v, float d, uint32_
   auto val = [&](uint32_t bytes, int i) {
     return fmaf(__uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7054u | (uint32_t(i) << 8))), m, b);
   };
-  auto pack = [](float x0, float x1) {  // x0 in the low half
-    uint32_t p;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(x1), "f"(x0));
-    return p;
-  };
-  o[0] = pack(val(lo, 0), val(lo, 1));
-  o[1] = pack(val(lo, 2), val(lo, 3));
-  o[2] = pack(val(hi, 0), val(hi, 1));
-  o[3] = pack(val(hi, 2), val(hi, 3));
+  o[0] = pack_bf16_rn(val(lo, 0), val(lo, 1));
+  o[1] = pack_bf16_rn(val(lo, 2), val(lo, 3));
+  o[2] = pack_bf16_rn(val(hi, 0), val(hi, 1));
+  o[3] = pack_bf16_rn(val(hi, 2), val(hi, 3));
 }
 
 // A thread's share of staging a chunk: 16-byte pieces (8 k) of rows 8 i + t % 8 at k8 column t / 8, so
