@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -791,23 +792,29 @@ class CudaBackend final : public Backend {
                                                 p.scale, out.f32() + s.begin * width, st_))
         continue;
       // Queries per chunk: S (f32) and P (bf16) of every head within ~256 MB.
-      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * nk * 6)));
-      Tensor S = scratch(DType::F32, {nh * chunk * nk}), P = scratch(DType::BF16, {nh * chunk * nk});
+      const int64_t ld = score_ld(nk);
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * ld * 6)));
+      Tensor S = scratch(DType::F32, {nh * chunk * ld}), P = scratch(DType::BF16, {nh * chunk * ld});
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
         // Every patch sees every key: each row's last key is the last column.
         dense_heads(false, qb.ptr<uint16_t>() + (s.begin + q0) * width, nullptr, K, V, nh, nh, hd,
-                    rows, nk, p.scale, nk - 1, nullptr, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
+                    rows, nk, ld, p.scale, nk - 1, nullptr, 0, 0.f, S.f32(), P.ptr<uint16_t>(), nullptr,
                     out.f32() + (s.begin + q0) * width);
       }
     }
     return true;
   }
 
+  // S and P's rows: a chunk's key count rounded up to 8 (16 bytes of P), so that cuBLAS's tensor-core kernels
+  // for aligned operands take both products (an image's last key ends a chunk's range anywhere).
+  static int64_t score_ld(int64_t nk) { return (nk + 7) / 8 * 8; }
+
   // The dense attention of `rows` queries over nk keys (K and V bf16, rows nkv·hd apart): S_h [rows, nk] =
   // scale · Q_h · K_gᵀ, P_h = softmax_rows_bf16 of S_h (row r's own key at column first_hi + r, its last
-  // ahead[r] further where given, window and soft-cap as given), O_h = P_h · V_g. In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ ·
-  // Q_h ([hd x rows]) and O_h [hd x rows] = V_g ([hd x nk]) · P_h ([nk x rows]).
+  // ahead[r] further where given, window and soft-cap as given; S and P rows ld apart), O_h = P_h · V_g.
+  // In cuBLAS's column order S_h is [nk x rows] = K_g ([hd x nk])ᵀ · Q_h ([hd x rows]) and O_h [hd x rows]
+  // = V_g ([hd x nk]) · P_h ([nk x rows]).
   // Two layouts of q and o:
   // - rows (q bf16 and o f32 [rows, nh, hd], each query head its own KV head: the images): one batched
   //   GEMM over the heads for each product, K and V a head apart;
@@ -820,8 +827,9 @@ class CudaBackend final : public Backend {
   // V are bf16 as stored, as the attention kernel computes. Text models' logits need that (a routed
   // expert flips on a bf16 Q or P); the images' encoders round to bf16 as torch's bf16 SDPA does.
   void dense_heads(bool head_major, const uint16_t* q, const uint16_t* q_lo, const uint16_t* K, const uint16_t* V,
-                   int64_t nh, int64_t nkv, int64_t hd, int64_t rows, int64_t nk, float scale, int64_t first_hi,
-                   const int32_t* ahead, int window, float softcap, float* S, uint16_t* P, uint16_t* P_lo, float* o) {
+                   int64_t nh, int64_t nkv, int64_t hd, int64_t rows, int64_t nk, int64_t ld, float scale,
+                   int64_t first_hi, const int32_t* ahead, int window, float softcap, float* S, uint16_t* P,
+                   uint16_t* P_lo, float* o) {
     const float zero = 0.f, one = 1.f;
     const int64_t group = nh / nkv, kw = nkv * hd;
     MB_CHECK(head_major || group == 1, "dense attention: rows-major queries need a KV head each");
@@ -832,15 +840,15 @@ class CudaBackend final : public Backend {
       if (!qt) continue;
       check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(nk), int(n), int(hd), &scale, K,
                                             CUDA_R_16BF, int(kw), kv_stride, qt, CUDA_R_16BF, int(q_ld), q_stride,
-                                            qt == q ? &zero : &one, S, CUDA_R_32F, int(nk), n * nk, int(batch),
+                                            qt == q ? &zero : &one, S, CUDA_R_32F, int(ld), n * ld, int(batch),
                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "attention scores (batched GEMM)");
     }
-    cuda::softmax_rows_bf16(S, nh, rows, nk, first_hi, ahead, window, softcap, P, P_lo, st_);
+    cuda::softmax_rows_bf16(S, nh, rows, nk, ld, first_hi, ahead, window, softcap, P, P_lo, st_);
     for (const uint16_t* pt : {static_cast<const uint16_t*>(P), static_cast<const uint16_t*>(P_lo)}) {
       if (!pt) continue;
       check_blas(cublasGemmStridedBatchedEx(blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(n), int(nk), &one, V,
-                                            CUDA_R_16BF, int(kw), kv_stride, pt, CUDA_R_16BF, int(nk), n * nk,
+                                            CUDA_R_16BF, int(kw), kv_stride, pt, CUDA_R_16BF, int(ld), n * ld,
                                             pt == P ? &zero : &one, o, CUDA_R_32F, int(q_ld), q_stride, int(batch),
                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "attention output (batched GEMM)");
@@ -887,23 +895,26 @@ class CudaBackend final : public Backend {
           max_ahead = std::max<int64_t>(max_ahead, ahead[size_t(t)]);
         }
       }
-      // Queries per chunk: S (f32), P and its remainder (bf16) of every head within ~256 MB at the most keys a
+      // Queries per chunk: S (f32), P and its remainder (bf16) of every head within ~128 MB at the most keys a
       // chunk reads.
       const int64_t key_bound = (p.window > 0 ? std::min<int64_t>(p.window, p0 + 1) : p0 + 1) + s.count + max_ahead;
       const int64_t chunk =
-          std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(256) << 20) / (nh * key_bound * 8)));
+          std::max<int64_t>(1, std::min<int64_t>(s.count, (int64_t(128) << 20) / (nh * score_ld(key_bound) * 8)));
       const int64_t most_keys =
           std::min<int64_t>(key_bound, p.window > 0 ? p.window + chunk + max_ahead : p0 + s.count + max_ahead);
-      Tensor S = scratch(DType::F32, {nh * chunk * most_keys}), P = scratch(DType::BF16, {nh * chunk * most_keys}),
-             P_lo = scratch(DType::BF16, {nh * chunk * most_keys});
+      // The buffers whose size follows the keys at a power of two of it: a prompt's chunks read ever more keys,
+      // and at sizes apart each was a new cudaMalloc of up to ~100 MB (the pool keeps sizes apart).
+      auto keyed = [&](DType t, int64_t n) { return scratch(t, {int64_t(std::bit_ceil(uint64_t(n)))}); };
+      const int64_t scores = nh * chunk * score_ld(most_keys);
+      Tensor S = keyed(DType::F32, scores), P = keyed(DType::BF16, scores), P_lo = keyed(DType::BF16, scores);
       // A chunk's queries and output by heads (dense_heads' head-major layout).
       Tensor qh = scratch(DType::BF16, {chunk * width}), qh_lo = scratch(DType::BF16, {chunk * width}),
              oh = scratch(DType::F32, {chunk * width});
       const bool in_place = !kv.pages && !kv.ring;
       Tensor kc, vc;
       if (!in_place) {
-        kc = scratch(DType::BF16, {most_keys * kw});
-        vc = scratch(DType::BF16, {most_keys * kw});
+        kc = keyed(DType::BF16, most_keys * kw);
+        vc = keyed(DType::BF16, most_keys * kw);
       }
       for (int64_t q0 = 0; q0 < s.count; q0 += chunk) {
         const int64_t rows = std::min(chunk, s.count - q0);
@@ -923,7 +934,7 @@ class CudaBackend final : public Backend {
         }
         cuda::rows_to_heads_bf16(q.f32() + (s.begin + q0) * width, width, rows, nh, hd, qh.ptr<uint16_t>(),
                                  qh_lo.ptr<uint16_t>(), st_);
-        dense_heads(true, qh.ptr<uint16_t>(), qh_lo.ptr<uint16_t>(), K, V, nh, nkv, hd, rows, nk, p.scale,
+        dense_heads(true, qh.ptr<uint16_t>(), qh_lo.ptr<uint16_t>(), K, V, nh, nkv, hd, rows, nk, score_ld(nk), p.scale,
                     p0 + q0 - klo, s.last ? dev(ahead.data() + q0, rows) : nullptr, p.window, p.softcap, S.f32(),
                     P.ptr<uint16_t>(), P_lo.ptr<uint16_t>(), oh.f32());
         cuda::heads_to_rows(oh.f32(), rows, nh, hd, width, out.f32() + (s.begin + q0) * width, st_);

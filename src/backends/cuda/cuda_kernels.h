@@ -193,12 +193,12 @@ void layer_norm(const float* x, const float* w, const float* b, float eps, bool 
 void im2col(const float* x, const uint8_t* row_valid, int64_t h, int64_t w, int64_t c, int kernel, int stride, int pad,
             int64_t row0, int64_t rows, int64_t wo, float* cols, cudaStream_t st);
 void glu_causal_conv(const float* g, const float* w, int64_t n, int64_t D, int64_t K, float* out, cudaStream_t st);
-// The dense attention's P: heads x rows score rows of `cols` keys to bf16 probabilities, row r of
-// each head seeing columns up to first_hi + r + ahead[r] (ahead, on the device, where given: an image's
-// tokens see to its last) or the last, and of them the `window` up to first_hi + r where window > 0
-// (an image's patches: first_hi cols - 1), soft-capped where softcap > 0; zeros elsewhere.
-// p_lo (where given): each probability's remainder after bf16, in bf16 (p + p_lo: ~16 bits).
-void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi,
+// The dense attention's P: heads x rows score rows of `cols` keys (rows `ld` apart in s and p) to bf16
+// probabilities, row r of each head seeing columns up to first_hi + r + ahead[r] (ahead, on the device,
+// where given: an image's tokens see to its last) or the last, and of them the `window` up to
+// first_hi + r where window > 0 (an image's patches: first_hi cols - 1), soft-capped where softcap > 0;
+// zeros elsewhere. p_lo (where given): each probability's remainder after bf16, in bf16 (p + p_lo: ~16 bits).
+void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t ld, int64_t first_hi,
                        const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st);
 // Attention where every query sees every one of nk keys (an image's patches), fused on the tensor
 // cores: q [rows, nh, hd] bf16, K and V [>= nk, nh, hd] bf16 (a KV head each), out [rows, nh, hd] f32.

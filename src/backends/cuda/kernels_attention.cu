@@ -489,13 +489,13 @@ int attention_cluster_max() {
 // r, or the last column if that is past it) takes its keys up to its own and within the window
 // (window > 0: the last `window`), soft-capped first where softcap > 0; zeros in every other
 // column (none where first_hi is the last column: every query sees every key).
-__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t rows, int64_t first_hi,
+__global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t ld, int64_t rows, int64_t first_hi,
                                       const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo) {
   pdl_begin();
   __shared__ float red[32];
-  const float* row = s + int64_t(blockIdx.x) * cols;
-  uint16_t* out = p + int64_t(blockIdx.x) * cols;
-  uint16_t* out_lo = p_lo ? p_lo + int64_t(blockIdx.x) * cols : nullptr;
+  const float* row = s + int64_t(blockIdx.x) * ld;
+  uint16_t* out = p + int64_t(blockIdx.x) * ld;
+  uint16_t* out_lo = p_lo ? p_lo + int64_t(blockIdx.x) * ld : nullptr;
   const int64_t r = int64_t(blockIdx.x) % rows, own = first_hi + r;  // the row's own key
   const int64_t far = own + (ahead ? ahead[r] : 0);
   const int64_t hi = far < cols ? far : cols - 1;
@@ -789,10 +789,10 @@ __global__ void k_local_attention(const float* q, const float* k, const float* v
 
 }  // namespace
 
-void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t first_hi,
+void softmax_rows_bf16(const float* s, int64_t heads, int64_t rows, int64_t cols, int64_t ld, int64_t first_hi,
                        const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo, cudaStream_t st) {
   if (heads * rows * cols == 0) return;
-  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, rows, first_hi, ahead, window,
+  launch_kernel(k_softmax_rows_bf16, unsigned(heads * rows), 256, 0, st, s, cols, ld, rows, first_hi, ahead, window,
                 softcap, p, p_lo);
   check_launch("softmax rows");
 }
