@@ -659,27 +659,34 @@ std::unique_ptr<Backend> gpu_with_tiled_and_bf16_outputs() {
 
 // Block-type weights without their bf16 copy, as large models get them when the GPU would be too
 // full for one (docs/cuda.md; MARKBASE_CUDA_BF16_COPIES=0 forces it on a backend made after it is
-// set): products of many rows dequantize slabs of rows instead.
+// set): products of many rows take the block kernels (Q8_0, Q4_0) or dequantize slabs of rows for
+// cuBLAS, which MARKBASE_CUDA_MMQ_ROWS=0 makes every type do.
+std::unique_ptr<Backend> gpu_with_slabs_alone() {
+  mbtest::ScopedEnv copies("MARKBASE_CUDA_BF16_COPIES", "0"), mmq("MARKBASE_CUDA_MMQ_ROWS", "0");
+  return make_gpu();
+}
 TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
-  const std::unique_ptr<Backend> nocopy = gpu_with("MARKBASE_CUDA_BF16_COPIES", "0");
+  const std::unique_ptr<Backend> nocopy = gpu_with("MARKBASE_CUDA_BF16_COPIES", "0"), slabs = gpu_with_slabs_alone();
   std::mt19937 rng(17);
   for (DType dt : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K})
     for (auto [k, m] : {std::pair<int64_t, int64_t>{2560, 2048}, {768, 333}})
-      guarded("matmul without bf16 copies " + dname(dt), [&] {
-        const Weight w = random_weight(cpu(), *nocopy, dt, {m, k}, rng);
-        RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " no bf16 copy k=" + std::to_string(k) +
-                      " m=" + std::to_string(m)};
-        for (int64_t n : {1, 9, 64, 300}) {
-          const auto x = randn(size_t(n * k), rng);
-          const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(*nocopy, {n, k}, x);
-          Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(*nocopy, {n, m});
-          cpu().matmul(xc, w.c, yc);
-          nocopy->matmul(xg, w.g, yg);
-          rep.add(n, check(mm_label("matmul no-bf16-copy", dt, n, k, m), download(cpu(), yc), download(*nocopy, yg),
-                           kTolMat, false));
-        }
-        rep.print(kTolMat);
-      });
+      for (Backend* g : {nocopy.get(), slabs.get()})
+        guarded("matmul without bf16 copies " + dname(dt), [&] {
+          const std::string how = g == slabs.get() ? " slabs" : "";
+          const Weight w = random_weight(cpu(), *g, dt, {m, k}, rng);
+          RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " no bf16 copy" + how + " k=" + std::to_string(k) +
+                        " m=" + std::to_string(m)};
+          for (int64_t n : {1, 9, 64, 300}) {
+            const auto x = randn(size_t(n * k), rng);
+            const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(*g, {n, k}, x);
+            Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(*g, {n, m});
+            cpu().matmul(xc, w.c, yc);
+            g->matmul(xg, w.g, yg);
+            const std::string op = "matmul no-bf16-copy" + how;
+            rep.add(n, check(mm_label(op.c_str(), dt, n, k, m), download(cpu(), yc), download(*g, yg), kTolMat, false));
+          }
+          rep.print(kTolMat);
+        });
   guarded("gated_ffn without bf16 copies", [&] {
     const int64_t H = 768, F = 2048, n = 64;
     const Weight gate = random_weight(cpu(), *nocopy, DType::Q4_0, {F, H}, rng);

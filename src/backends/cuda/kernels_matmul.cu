@@ -376,6 +376,32 @@ __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t
   }
 }
 
+// Q8_0 and Q4_0 rows to bf16, eight values a thread: one 8-byte load of quants and a 16-byte store, no division
+// (k_dequant_bf16 above takes a 64-bit division and a 2-byte store a value: E4B Q4_0 without bf16 copies, every
+// product on dequantized slabs, prefilled 512 tokens at 15,157 tok/s with it and 26,844 with this on an H100).
+// A block's 32 values are four units; Q4_0's unit u takes bytes (u % 2) * 8 .. +8 of the block, low nibbles for
+// u < 2, high for u >= 2 (values j and j + 16 share byte j). The same expression as weight_at, so the same bits.
+template <WType T>
+__global__ void k_dequant_blocks_bf16(GpuWeight w, int64_t block0, int64_t units, uint4* out) {
+  pdl_begin();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = block0 + i / 4;
+    const int u = int(i % 4);
+    const float d = half_f32(w.scale[b]);
+    float v[8];
+    if constexpr (T == WType::Q8_0) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const int8_t*>(w.qs) + b * 32 + u * 8);
+      const int8_t* q = reinterpret_cast<const int8_t*>(&raw);
+      for (int e = 0; e < 8; ++e) v[e] = float(q[e]) * d;
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.qs) + b * 16 + (u % 2) * 8);
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(&raw);
+      for (int e = 0; e < 8; ++e) v[e] = float((u < 2 ? q[e] & 15 : q[e] >> 4) - 8) * d;
+    }
+    out[i] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  }
+}
+
 // Blocks of `Kernel` the GPU holds at once (the occupancy calculator's figure, asked once per
 // kernel: keyed by the kernel itself, as kernels of one signature differ in registers).
 template <auto Kernel> int64_t resident_blocks() {
@@ -525,6 +551,19 @@ void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const
 void dequant_bf16(const GpuWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t st) {
   const int64_t total = rows * w.cols;
   if (total == 0) return;
+  if ((w.type == WType::Q8_0 || w.type == WType::Q4_0) && w.cols % 32 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    const int64_t units = total / 8, grid = std::min<int64_t>((units + 255) / 256, int64_t(sm_count()) * 16);
+    const int64_t block0 = row0 * (w.cols / 32);
+    if (w.type == WType::Q8_0)
+      launch_kernel(k_dequant_blocks_bf16<WType::Q8_0>, unsigned(grid), 256, 0, st, w, block0, units,
+                    reinterpret_cast<uint4*>(out));
+    else
+      launch_kernel(k_dequant_blocks_bf16<WType::Q4_0>, unsigned(grid), 256, 0, st, w, block0, units,
+                    reinterpret_cast<uint4*>(out));
+    check_launch("dequantize blocks to bf16");
+    return;
+  }
   int64_t blocks = (total + 255) / 256;
   if (blocks > 65535 * 16) blocks = 65535 * 16;
   launch_kernel(k_dequant_bf16, unsigned(blocks), 256, 0, st, w, row0, rows, out);
