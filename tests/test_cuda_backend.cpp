@@ -659,8 +659,8 @@ std::unique_ptr<Backend> gpu_with_tiled_and_bf16_outputs() {
 
 // Block-type weights without their bf16 copy, as large models get them when the GPU would be too
 // full for one (docs/cuda.md; MARKBASE_CUDA_BF16_COPIES=0 forces it on a backend made after it is
-// set): products of many rows take the block kernels (Q8_0, Q4_0) or dequantize slabs of rows for
-// cuBLAS, which MARKBASE_CUDA_MMQ_ROWS=0 makes every type do.
+// set): products of many rows take the block kernels (Q8_0, Q4_0; below 128 rows) or dequantize slabs of
+// rows for cuBLAS, which MARKBASE_CUDA_MMQ_ROWS=0 makes every type do.
 std::unique_ptr<Backend> gpu_with_slabs_alone() {
   mbtest::ScopedEnv copies("MARKBASE_CUDA_BF16_COPIES", "0"), mmq("MARKBASE_CUDA_MMQ_ROWS", "0");
   return make_gpu();
@@ -676,7 +676,7 @@ TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
           const Weight w = random_weight(cpu(), *g, dt, {m, k}, rng);
           RowReport rep{"matmul " + dname(dt) + stored_as(w.g, dt) + " no bf16 copy" + how + " k=" + std::to_string(k) +
                         " m=" + std::to_string(m)};
-          for (int64_t n : {1, 9, 64, 300}) {
+          for (int64_t n : {1, 9, 64, 300, 520}) {
             const auto x = randn(size_t(n * k), rng);
             const Tensor xc = upload(cpu(), {n, k}, x), xg = upload(*g, {n, k}, x);
             Tensor yc = poisoned(cpu(), {n, m}), yg = poisoned(*g, {n, m});
@@ -687,8 +687,9 @@ TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
           }
           rep.print(kTolMat);
         });
-  guarded("gated_ffn without bf16 copies", [&] {
-    const int64_t H = 768, F = 2048, n = 64;
+  // 520 rows: slabs by default (kSlabRows).
+  for (int64_t n : {64, 520}) guarded("gated_ffn without bf16 copies", [&] {
+    const int64_t H = 768, F = 2048;
     const Weight gate = random_weight(cpu(), *nocopy, DType::Q4_0, {F, H}, rng);
     const Weight up = random_weight(cpu(), *nocopy, DType::Q4_0, {F, H}, rng);
     const Weight down = random_weight(cpu(), *nocopy, DType::Q4_K, {H, F}, rng);
@@ -697,7 +698,8 @@ TEST_F(CudaOps, MatmulBlockWeightsWithoutBf16Copies) {
     Tensor oc = poisoned(cpu(), {n, H}), og = poisoned(*nocopy, {n, H});
     cpu().gated_ffn(xc, gate.c, up.c, down.c, oc);
     nocopy->gated_ffn(xg, gate.g, up.g, down.g, og);
-    check("gated_ffn Q4_0/Q4_K no bf16 copy n=64", download(cpu(), oc), download(*nocopy, og), kTolMat);
+    check("gated_ffn Q4_0/Q4_K no bf16 copy n=" + std::to_string(n), download(cpu(), oc), download(*nocopy, og),
+          kTolMat);
   });
 }
 

@@ -485,10 +485,11 @@ int attention_cluster_max() {
 }
 
 // One block a row: its max, the sum of exp(x - max), then each value over the sum in bf16. Row b
-// of heads x rows score rows (head b / rows, query r = b % rows, whose own key is column first_hi +
-// r, or the last column if that is past it) takes its keys up to its own and within the window
-// (window > 0: the last `window`), soft-capped first where softcap > 0; zeros in every other
-// column (none where first_hi is the last column: every query sees every key).
+// of heads x rows score rows (`ld` apart in s, p and p_lo; head b / rows, query r = b % rows, whose
+// own key is column first_hi + r) takes its keys up to its own plus ahead[r] where ahead is given (an
+// image's tokens see to its last), or up to the last column if that is past it, and of them those
+// within the window counted back from its own key (window > 0), soft-capped first where softcap > 0;
+// zeros in every other column (none where first_hi is the last column: every query sees every key).
 __global__ void k_softmax_rows_bf16(const float* s, int64_t cols, int64_t ld, int64_t rows, int64_t first_hi,
                                       const int32_t* ahead, int window, float softcap, uint16_t* p, uint16_t* p_lo) {
   pdl_begin();
