@@ -1359,14 +1359,12 @@ class CudaBackend final : public Backend {
 
   // More rows than the GEMV takes, of Q8_0/Q4_0 weights: the tensor-core kernels read the blocks as
   // they are. Weights without a bf16 copy take them below slab_rows_ rows (MARKBASE_CUDA_SLAB_ROWS,
-  // default kSlabRows; 0: never slabs), cuBLAS on dequantized slabs from there (an H100, 2026-12-07,
-  // prefill tok/s on the block kernels against slabs: E4B Q4_0 without copies pp64 6,147-6,159 against
-  // 5,758-5,766, pp128 9,270-9,336 against 10,484-10,612, pp512 14,702-14,712 against 26,965-27,151;
-  // 31B Q4_0 pp128 2,412 against 2,787, pp512 3,003 against 6,076). Beside a copy, the
-  // fragment-ordered copy's kernel up to kMmqRowsBesideCopies rows, cuBLAS on the bf16 copy above (E4B
-  // Q4_0 on an H100, decode tok/s at 16/32/64 streams: 3,570-3,645 against cuBLAS's 2,440; 4,437-4,527
-  // against 4,856; 6,057-8,467 against 8,979-9,058). MARKBASE_CUDA_MMQ_ROWS=N sends every product of
-  // at most N rows there (planes where a weight has no fragment copy), 0 none.
+  // default kSlabRows; 0: never slabs) and cuBLAS on dequantized slabs from there, where the slabs' GEMMs
+  // outrun the block kernels (docs/cuda.md, "Weights": E4B and 31B Q4_0 prefill at 64-512 rows). Beside a
+  // copy, the fragment-ordered copy's kernel up to kMmqRowsBesideCopies rows, cuBLAS on the bf16 copy above
+  // (E4B Q4_0 on an H100, decode tok/s at 16/32/64 streams: 3,570-3,645 against cuBLAS's 2,440; 4,437-4,527
+  // against 4,856; 6,057-8,467 against 8,979-9,058). MARKBASE_CUDA_MMQ_ROWS=N sends every product of at
+  // most N rows there (planes where a weight has no fragment copy), 0 none.
   static constexpr int64_t kMmqRowsBesideCopies = 16, kSlabRows = 128;
   bool use_mmq(const std::vector<GpuWeight>& gw, int64_t n) const {
     if (mmq_rows_ == 0 || (mmq_rows_ > 0 && n > mmq_rows_) || n <= gemv_block_rows() || (debug_ & 1))
@@ -1462,9 +1460,8 @@ class CudaBackend final : public Backend {
     };
     if (const uint16_t* rows = bf16_rows(w)) return run(rows, 0, m);
     // No bf16 copy: dequantize a slab of rows at a time, a whole weight up to 256M values (512 MB of
-    // scratch). Slabs of 64M values had cut 31B's FFN down product into 3,120 rows of 21,504, which left
-    // part of the GPU empty: 31B Q4_0 pp512 on H100s 3,066 tok/s on them and 6,076 on whole weights, in two
-    // calls whose block kernels read 2,901 and 3,003.
+    // scratch), so that one GEMM covers the weight: smaller slabs of a large weight (31B's FFN down
+    // product in 3,120 rows of 21,504) left part of the GPU empty (docs/cuda.md, "Weights").
     const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(m, (int64_t(256) << 20) / std::max<int64_t>(k, 1)));
     Tensor wb = scratch(DType::BF16, {slab, k});
     for (int64_t r0 = 0; r0 < m; r0 += slab) {
