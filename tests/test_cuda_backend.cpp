@@ -1224,6 +1224,52 @@ TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
     });
 }
 
+// The pair-by-pair experts' GEMV writing gelu_tanh(gate) * up itself (MARKBASE_CUDA_MOE_GEMV_GLU=1) against the
+// GEMV's [pairs, 2I] products activated by the separate kernel: each lane adds the same units in the same order
+// and the activation is the same expression, so the outputs agree to float rounding (1e-6 leaves room for a
+// contraction into FMA that one build makes and the other does not). A gate row paired with the wrong up row,
+// or a pair written to the wrong place, is off by the output's whole size.
+TEST_F(CudaOps, MoeGemvGluMatchesTheSplitActivation) {
+  constexpr double kTolSame = 1e-6;
+  mbtest::ScopedEnv pairwise("MARKBASE_CUDA_MMQ_PAIRS", "0");
+  const std::unique_ptr<Backend> fused = gpu_with("MARKBASE_CUDA_MOE_GEMV_GLU", "1");
+  const std::unique_ptr<Backend> split = gpu_with("MARKBASE_CUDA_MOE_GEMV_GLU", "0");
+  std::mt19937 rng(23);
+  struct Case {
+    int64_t E, H, I;
+    int k;
+    std::vector<DType> dts;
+  };
+  const std::vector<Case> cases = {
+      {8, 512, 256, 2, {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K}},
+      {16, 2816, 704, 8, {DType::BF16, DType::Q8_0, DType::Q4_0}},  // 26B-A4B's widths
+  };
+  for (const Case& c : cases)
+    for (DType dt : c.dts) guarded("moe gemv glu " + dname(dt), [&] {
+      const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
+      const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));
+      const Tensor gus = host_weight(dt, {c.E, 2 * c.I, c.H}, guf), dns = host_weight(dt, {c.E, c.H, c.I}, dnf);
+      const Tensor gu1 = fused->prepare_weight(gus, dt), dn1 = fused->prepare_weight(dns, dt);
+      const Tensor gu2 = split->prepare_weight(gus, dt), dn2 = split->prepare_weight(dns, dt);
+      RowReport rep{"moe gemv glu against split activation " + dname(dt) + " E=" + std::to_string(c.E) +
+                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
+      for (int64_t n : {1, 3, 7}) {
+        const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
+        auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
+          const Tensor xb = upload(be, {n, c.H}, x), lb = upload(be, {n, c.E}, logits);
+          Tensor wb = be.scratch(DType::F32, {n, c.k}), eb = be.scratch(DType::I32, {n, c.k});
+          be.route_topk(lb, c.k, nullptr, wb, eb);
+          Tensor o = poisoned(be, {n, c.H});
+          be.moe_gated_experts(xb, gu, dn, wb, eb, o);
+          return download(be, o);
+        };
+        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*split, gu2, dn2), run(*fused, gu1, dn1),
+                         kTolSame, false));
+      }
+      rep.print(kTolSame);
+    });
+}
+
 // ---------------------------------------------------------------- KV and attention
 
 enum class Layout { Flat, Ring, Paged };

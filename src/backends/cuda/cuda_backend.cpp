@@ -200,6 +200,7 @@ class CudaBackend final : public Backend {
     mmq_rows_ = env_int("MARKBASE_CUDA_MMQ_ROWS", -1);
     slab_rows_ = env_int("MARKBASE_CUDA_SLAB_ROWS", int(kSlabRows));
     mmq_pairs_ = env_int("MARKBASE_CUDA_MMQ_PAIRS", -1);
+    moe_gemv_glu_ = env_int("MARKBASE_CUDA_MOE_GEMV_GLU", 1) != 0;
     mmq_bf16_from_ = env_int("MARKBASE_CUDA_MMQ_BF16_FROM", int(kMmqRowsBesideCopies));
     mmq_bf16_rows_ = env_int("MARKBASE_CUDA_MMQ_BF16_ROWS", int(kMmqBf16Rows));
     mmq_wgmma_rows_ = env_int("MARKBASE_CUDA_MMQ_WGMMA_ROWS", int(kMmqWgmmaRows));
@@ -1023,19 +1024,22 @@ class CudaBackend final : public Backend {
     if (mmq_pairs_ != 0 && pairs >= min_pairs && mmq_supports(gu) && mmq_supports(dn) && I2 % 64 == 0 &&
         H % 64 == 0 && I % 32 == 0)
       return grouped_experts(x, gu, dn, E, I, weights, experts, out);
-    Tensor h = scratch(DType::F32, {pairs, I2});
     Tensor q, d, s;
     QuantX xq{};
     if (is_quantized(gu.type)) xq = quantized(x, q, d, s);
-    moe_gemv(gu, I2, x.f32(), &xq, experts.ptr<int32_t>(), pairs, k, false, h.f32(), st_);
     Tensor act = scratch(DType::F32, {pairs, I});
-    gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
-    h = Tensor();
+    if (moe_gemv_glu_) {
+      moe_gemv(gu, I2, x.f32(), &xq, experts.ptr<int32_t>(), pairs, k, false, true, act.f32(), st_);
+    } else {
+      Tensor h = scratch(DType::F32, {pairs, I2});
+      moe_gemv(gu, I2, x.f32(), &xq, experts.ptr<int32_t>(), pairs, k, false, false, h.f32(), st_);
+      gelu_split_mul(h.f32(), pairs, I, act.f32(), st_);
+    }
     Tensor y = scratch(DType::F32, {pairs, H});
     Tensor q2, d2, s2;
     QuantX aq{};
     if (is_quantized(dn.type)) aq = quantized(act, q2, d2, s2);
-    moe_gemv(dn, H, act.f32(), &aq, experts.ptr<int32_t>(), pairs, k, true, y.f32(), st_);
+    moe_gemv(dn, H, act.f32(), &aq, experts.ptr<int32_t>(), pairs, k, true, false, y.f32(), st_);
     moe_combine(y.f32(), weights.f32(), n, k, H, out.f32(), st_);
   }
 
@@ -1609,6 +1613,9 @@ class CudaBackend final : public Backend {
   // MARKBASE_CUDA_MMQ_BF16_FROM/_ROWS: see use_mmq_bf16
   int mmq_bf16_from_ = int(kMmqRowsBesideCopies), mmq_bf16_rows_ = int(kMmqBf16Rows);
   int mmq_wgmma_rows_ = int(kMmqWgmmaRows);
+  // MARKBASE_CUDA_MOE_GEMV_GLU (default 1; 0: the GEMV writes [pairs, 2I] and gelu_split_mul activates it): the
+  // pair-by-pair experts' GEMV writes gelu_tanh(gate) * up itself (docs/cuda.md, grouped experts).
+  bool moe_gemv_glu_ = true;
   int mmq_pairs_ = -1;  // MARKBASE_CUDA_MMQ_PAIRS: fewest token-expert pairs for the grouped products (-1: see moe_gated_experts)
   int debug_ = 0;
   bool fuse_quant_ = true;  // MARKBASE_CUDA_NORM_QUANT=0: norms do not quantize their output

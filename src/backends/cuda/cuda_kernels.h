@@ -132,9 +132,10 @@ void clamp_activate(float* y, int64_t n, bool clips, float lo, float hi, ClipAct
                     cudaStream_t st);
 
 // Mixture of experts, pair p = token * k + j reading expert ids[p]:
-// h[p, rows_per_expert] = W[ids[p]] · x[p / k (x_per_pair ? p : p / k)]
+// h[p, rows_per_expert] = W[ids[p]] · x[p / k (x_per_pair ? p : p / k)]; glu (W's rows per expert are gate then
+// up, I each): h[p, I] = gelu_tanh(gate · x) * (up · x)
 void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,
-              int64_t pairs, int k, bool x_per_pair, float* h, cudaStream_t st);
+              int64_t pairs, int k, bool x_per_pair, bool glu, float* h, cudaStream_t st);
 // out[t, H] = sum_j weights[t, j] * y[t * k + j, H]
 void moe_combine(const float* y, const float* weights, int64_t n, int k, int64_t H, float* out, cudaStream_t st);
 // act[p, I] = gelu_tanh(h[p, :I]) * h[p, I:2I]

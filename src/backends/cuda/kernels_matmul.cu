@@ -344,24 +344,39 @@ __global__ void k_gemv_scalar(GpuWeight w, const float* x, int64_t n, float* y) 
   }
 }
 
-// Pair p: y[p, r] = W[ids[p] * rpe + r] · x[p / k or p].
-template <WType T>
+// Pair p: y[p, r] = W[ids[p] * rpe + r] · x[p / k or p]. GLU (rpe = 2I, y [pairs, I]): a warp takes gate row r
+// and up row r + I of its expert and writes gelu_tanh(gate) * up, so the [pairs, 2I] products never leave the SM
+// and both rows' loads are in flight together (warp_dots with two rows, the same sums in the same lane order).
+template <WType T, bool GLU>
 __global__ void __launch_bounds__(kWarps * 32) k_moe_gemv(GpuWeight w, int64_t rpe, const float* x, QuantX xq,
                                                           const int32_t* ids, int k, int x_per_pair, float* y) {
   pdl_begin();
+  constexpr int ND = GLU ? 2 : 1;
+  const int64_t out_rows = GLU ? rpe / 2 : rpe;
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t p = blockIdx.y;
   const int lane = threadIdx.x % 32;
-  if (r >= rpe) return;
+  if (r >= out_rows) return;
   const int64_t row = int64_t(ids[p]) * rpe + r;
   const int64_t xrow[1] = {x_per_pair ? p : p / k};
-  const GpuWeight wr[1] = {w};
-  const int64_t rr[1] = {row};
-  float acc[1][1] = {{0.f}};
+  GpuWeight wr[ND];
+  int64_t rr[ND];
+  float acc[ND][1];
+#pragma unroll
+  for (int i = 0; i < ND; ++i) {
+    wr[i] = w;
+    rr[i] = row + i * out_rows;
+    acc[i][0] = 0.f;
+  }
   bool waiting = false;
-  warp_dots<T, 1, 1>(wr, rr, w.cols, x, xq, xrow, lane, waiting, acc);
-  const float v = warp_sum(acc[0][0]);
-  if (lane == 0) y[p * rpe + r] = v;
+  warp_dots<T, 1, ND>(wr, rr, w.cols, x, xq, xrow, lane, waiting, acc);
+  const float g = warp_sum(acc[0][0]);
+  if constexpr (GLU) {
+    const float u = warp_sum(acc[ND - 1][0]);
+    if (lane == 0) y[p * out_rows + r] = gelu_tanh(g) * u;
+  } else {
+    if (lane == 0) y[p * out_rows + r] = g;
+  }
 }
 
 __global__ void k_dequant_bf16(GpuWeight w, int64_t row0, int64_t rows, uint16_t* out) {
@@ -518,33 +533,32 @@ void gemv(const GpuWeight& w, const float* x, const QuantX* xq, int64_t n, float
   gemv_multi(&w, &y, 1, false, x, xq, n, st);
 }
 
-void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,
-              int64_t pairs, int k, bool x_per_pair, float* h, cudaStream_t st) {
-  if (pairs == 0) return;
-  const dim3 grid(unsigned((rows_per_expert + kWarps - 1) / kWarps), unsigned(pairs));
-  const QuantX none{};
+template <bool GLU>
+void launch_moe_gemv(const GpuWeight& w, dim3 grid, int64_t rows_per_expert, const float* x, const QuantX& xq,
+                     const int32_t* ids, int k, bool x_per_pair, float* h, cudaStream_t st) {
+  auto launch = [&](auto kernel) {
+    launch_kernel(kernel, grid, kWarps * 32, 0, st, w, rows_per_expert, x, xq, ids, k, int(x_per_pair), h);
+  };
   switch (w.type) {
-    case WType::F32:
-      launch_kernel(k_moe_gemv<WType::F32>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair,
-                    h);
-      break;
-    case WType::BF16:
-      launch_kernel(k_moe_gemv<WType::BF16>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, none, ids, k, x_per_pair,
-                    h);
-      break;
-    case WType::Q8_0:
-      launch_kernel(k_moe_gemv<WType::Q8_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
-                    h);
-      break;
-    case WType::Q4_0:
-      launch_kernel(k_moe_gemv<WType::Q4_0>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
-                    h);
-      break;
-    case WType::Q4_K:
-      launch_kernel(k_moe_gemv<WType::Q4_K>, grid, kWarps * 32, 0, st, w, rows_per_expert, x, *xq, ids, k, x_per_pair,
-                    h);
-      break;
+    case WType::F32: launch(k_moe_gemv<WType::F32, GLU>); break;
+    case WType::BF16: launch(k_moe_gemv<WType::BF16, GLU>); break;
+    case WType::Q8_0: launch(k_moe_gemv<WType::Q8_0, GLU>); break;
+    case WType::Q4_0: launch(k_moe_gemv<WType::Q4_0, GLU>); break;
+    case WType::Q4_K: launch(k_moe_gemv<WType::Q4_K, GLU>); break;
   }
+}
+
+void moe_gemv(const GpuWeight& w, int64_t rows_per_expert, const float* x, const QuantX* xq, const int32_t* ids,
+              int64_t pairs, int k, bool x_per_pair, bool glu, float* h, cudaStream_t st) {
+  if (pairs == 0) return;
+  const int64_t out_rows = glu ? rows_per_expert / 2 : rows_per_expert;
+  const dim3 grid(unsigned((out_rows + kWarps - 1) / kWarps), unsigned(pairs));
+  const QuantX none{};
+  const QuantX& q = w.type == WType::F32 || w.type == WType::BF16 ? none : *xq;
+  if (glu)
+    launch_moe_gemv<true>(w, grid, rows_per_expert, x, q, ids, k, x_per_pair, h, st);
+  else
+    launch_moe_gemv<false>(w, grid, rows_per_expert, x, q, ids, k, x_per_pair, h, st);
   check_launch("moe gemv");
 }
 
