@@ -994,19 +994,21 @@ TEST_F(CudaOps, RouteTopk) {
     }
 }
 
+// Experts E, hidden size H, intermediate size I, k experts a token, and the weight types tried.
+struct MoeCase {
+  int64_t E, H, I;
+  int k;
+  std::vector<DType> dts;
+};
+
 TEST_F(CudaOps, MoeGatedExperts) {
   std::mt19937 rng(14);
-  struct Case {
-    int64_t E, H, I;
-    int k;
-    std::vector<DType> dts;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MoeCase> cases = {
       {8, 512, 256, 2, {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}},
       {8, 2816, 704, 2, {DType::BF16, DType::Q8_0, DType::Q4_0}},  // 26B-A4B's widths (704: no K-quant rows)
       {128, 512, 256, 8, {DType::Q8_0, DType::Q4_0}},              // 26B-A4B's routing: many experts empty
   };
-  for (const Case& c : cases)
+  for (const MoeCase& c : cases)
     for (DType dt : c.dts) guarded("moe " + dname(dt), [&] {
       const Weight gu = random_weight(cpu(), gpu(), dt, {c.E, 2 * c.I, c.H}, rng);
       const Weight dn = random_weight(cpu(), gpu(), dt, {c.E, c.H, c.I}, rng);
@@ -1029,6 +1031,33 @@ TEST_F(CudaOps, MoeGatedExperts) {
       }
       rep.print(kTolMat);
     });
+}
+
+// The same random experts, tokens and routing on two GPU backends (two settings of the MoE path), their outputs
+// compared for each token count of `ns`: `ref`'s against `got`'s within tol.
+void compare_moe_settings(Backend& ref, Backend& got, DType dt, int64_t E, int64_t H, int64_t I, int k,
+                          std::initializer_list<int64_t> ns, std::mt19937& rng, double tol, const std::string& what) {
+  const auto guf = randn(size_t(E * 2 * I * H), rng, 1.f / std::sqrt(float(H)));
+  const auto dnf = randn(size_t(E * H * I), rng, 1.f / std::sqrt(float(I)));
+  const Tensor gus = host_weight(dt, {E, 2 * I, H}, guf), dns = host_weight(dt, {E, H, I}, dnf);
+  const Tensor gu_ref = ref.prepare_weight(gus, dt), dn_ref = ref.prepare_weight(dns, dt);
+  const Tensor gu_got = got.prepare_weight(gus, dt), dn_got = got.prepare_weight(dns, dt);
+  RowReport rep{what + " " + dname(dt) + " E=" + std::to_string(E) + " k=" + std::to_string(k) +
+                " H=" + std::to_string(H) + " I=" + std::to_string(I)};
+  for (int64_t n : ns) {
+    const auto x = randn(size_t(n * H), rng), logits = randn(size_t(n * E), rng, 2.f);
+    auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
+      const Tensor xb = upload(be, {n, H}, x), lb = upload(be, {n, E}, logits);
+      Tensor wb = be.scratch(DType::F32, {n, k}), eb = be.scratch(DType::I32, {n, k});
+      be.route_topk(lb, k, nullptr, wb, eb);
+      Tensor o = poisoned(be, {n, H});
+      be.moe_gated_experts(xb, gu, dn, wb, eb, o);
+      return download(be, o);
+    };
+    rep.add(n, check(rep.head + " n=" + std::to_string(n), run(ref, gu_ref, dn_ref), run(got, gu_got, dn_got), tol,
+                     false));
+  }
+  rep.print(tol);
 }
 
 // Block-type products of more rows than the GEMV takes run on the tensor cores (kernels_mmq.cu;
@@ -1199,28 +1228,9 @@ TEST_F(CudaOps, GroupedExpertsMatchThePairByPairGemv) {
     for (Case c : {Case{128, 512, 256, 8}, Case{4, 2816, 704, 2}}) guarded("grouped experts " + dname(dt), [&] {
       mbtest::ScopedEnv frag_copies("MARKBASE_CUDA_FRAG_COPIES", frag);
       const std::unique_ptr<Backend> grouped = make_gpu();
-      const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
-      const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));
-      const Tensor gus = host_weight(dt, {c.E, 2 * c.I, c.H}, guf), dns = host_weight(dt, {c.E, c.H, c.I}, dnf);
-      const Tensor gu1 = grouped->prepare_weight(gus, dt), dn1 = grouped->prepare_weight(dns, dt);
-      const Tensor gu2 = pairwise->prepare_weight(gus, dt), dn2 = pairwise->prepare_weight(dns, dt);
-      RowReport rep{"grouped experts against pair GEMV " + dname(dt) + " E=" + std::to_string(c.E) +
-                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) +
-                    (frag[0] == '1' ? " fragment-ordered" : " planes")};
-      for (int64_t n : {5, 64, 300}) {
-        const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
-        auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
-          const Tensor xb = upload(be, {n, c.H}, x), lb = upload(be, {n, c.E}, logits);
-          Tensor wb = be.scratch(DType::F32, {n, c.k}), eb = be.scratch(DType::I32, {n, c.k});
-          be.route_topk(lb, c.k, nullptr, wb, eb);
-          Tensor o = poisoned(be, {n, c.H});
-          be.moe_gated_experts(xb, gu, dn, wb, eb, o);
-          return download(be, o);
-        };
-        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*pairwise, gu2, dn2), run(*grouped, gu1, dn1),
-                         kTolSame, false));
-      }
-      rep.print(kTolSame);
+      compare_moe_settings(*pairwise, *grouped, dt, c.E, c.H, c.I, c.k, {5, 64, 300}, rng, kTolSame,
+                           std::string("grouped experts against pair GEMV") +
+                               (frag[0] == '1' ? " (fragment-ordered)" : " (planes)"));
     });
 }
 
@@ -1235,38 +1245,14 @@ TEST_F(CudaOps, MoeGemvGluMatchesTheSplitActivation) {
   const std::unique_ptr<Backend> fused = gpu_with("MARKBASE_CUDA_MOE_GEMV_GLU", "1");
   const std::unique_ptr<Backend> split = gpu_with("MARKBASE_CUDA_MOE_GEMV_GLU", "0");
   std::mt19937 rng(23);
-  struct Case {
-    int64_t E, H, I;
-    int k;
-    std::vector<DType> dts;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<MoeCase> cases = {
       {8, 512, 256, 2, {DType::F32, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K}},
       {16, 2816, 704, 8, {DType::BF16, DType::Q8_0, DType::Q4_0}},  // 26B-A4B's widths
   };
-  for (const Case& c : cases)
+  for (const MoeCase& c : cases)
     for (DType dt : c.dts) guarded("moe gemv glu " + dname(dt), [&] {
-      const auto guf = randn(size_t(c.E * 2 * c.I * c.H), rng, 1.f / std::sqrt(float(c.H)));
-      const auto dnf = randn(size_t(c.E * c.H * c.I), rng, 1.f / std::sqrt(float(c.I)));
-      const Tensor gus = host_weight(dt, {c.E, 2 * c.I, c.H}, guf), dns = host_weight(dt, {c.E, c.H, c.I}, dnf);
-      const Tensor gu1 = fused->prepare_weight(gus, dt), dn1 = fused->prepare_weight(dns, dt);
-      const Tensor gu2 = split->prepare_weight(gus, dt), dn2 = split->prepare_weight(dns, dt);
-      RowReport rep{"moe gemv glu against split activation " + dname(dt) + " E=" + std::to_string(c.E) +
-                    " k=" + std::to_string(c.k) + " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I)};
-      for (int64_t n : {1, 3, 7}) {
-        const auto x = randn(size_t(n * c.H), rng), logits = randn(size_t(n * c.E), rng, 2.f);
-        auto run = [&](Backend& be, const Tensor& gu, const Tensor& dn) {
-          const Tensor xb = upload(be, {n, c.H}, x), lb = upload(be, {n, c.E}, logits);
-          Tensor wb = be.scratch(DType::F32, {n, c.k}), eb = be.scratch(DType::I32, {n, c.k});
-          be.route_topk(lb, c.k, nullptr, wb, eb);
-          Tensor o = poisoned(be, {n, c.H});
-          be.moe_gated_experts(xb, gu, dn, wb, eb, o);
-          return download(be, o);
-        };
-        rep.add(n, check(rep.head + " n=" + std::to_string(n), run(*split, gu2, dn2), run(*fused, gu1, dn1),
-                         kTolSame, false));
-      }
-      rep.print(kTolSame);
+      compare_moe_settings(*split, *fused, dt, c.E, c.H, c.I, c.k, {1, 3, 7}, rng, kTolSame,
+                           "moe gemv glu against split activation");
     });
 }
 
